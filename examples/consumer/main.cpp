@@ -1,0 +1,28 @@
+// Smallest program against an installed kfa: one forward, one value checked by hand.
+#include <kfa/kfa.hpp>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  Kokkos::ScopeGuard guard(argc, argv);
+  // One query, two keys with scores 0 and log 3 (scale 1): weights 1/4 and 3/4.
+  Kokkos::View<double****> q("q", 1, 1, 1, 8), k("k", 1, 2, 1, 8), v("v", 1, 2, 1, 8), o("o", 1, 1, 1, 8);
+  Kokkos::View<double***> lse("lse", 1, 1, 1);
+  auto qh = Kokkos::create_mirror_view(q);
+  auto kh = Kokkos::create_mirror_view(k);
+  auto vh = Kokkos::create_mirror_view(v);
+  Kokkos::deep_copy(qh, 0.0), Kokkos::deep_copy(kh, 0.0);
+  qh(0, 0, 0, 0) = 1.0;
+  kh(0, 1, 0, 0) = std::log(3.0);
+  for (int c = 0; c < 8; ++c) vh(0, 0, 0, c) = 4.0, vh(0, 1, 0, c) = 8.0;
+  Kokkos::deep_copy(q, qh), Kokkos::deep_copy(k, kh), Kokkos::deep_copy(v, vh);
+  kfa::AttentionOptions opts;
+  opts.softmax_scale = 1.0;
+  kfa::attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opts);
+  auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);
+  auto lh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), lse);
+  const bool ok = std::abs(oh(0, 0, 0, 3) - 7.0) < 1e-12 && std::abs(lh(0, 0, 0) - std::log(4.0)) < 1e-12;
+  std::printf("kfa %s installed package: o = %.15f (want 7), lse = %.15f (want log 4): %s\n", KFA_VERSION_STRING,
+              oh(0, 0, 0, 3), lh(0, 0, 0), ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,95 @@
+#pragma once
+/// Public attention API: exact softmax(scale·q·kᵀ + mask)·v without ever storing the seq_q × seq_k matrix.
+#include <kfa/detail/checks.hpp>
+#include <kfa/detail/forward_kernel.hpp>
+#include <kfa/options.hpp>
+#include <kfa/tiling.hpp>
+
+#include <cmath>
+#include <string>
+
+namespace kfa {
+
+namespace detail {
+template <class T>
+double resolved_scale(const AttentionOptions& opts, std::size_t head_dim) {
+  return opts.softmax_scale > 0 ? opts.softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void static_check_forward() {
+  static_check_view<ExecSpace, QV, 4, false>();
+  static_check_view<ExecSpace, KV, 4, false>();
+  static_check_view<ExecSpace, VV, 4, false>();
+  static_check_view<ExecSpace, OV, 4, true>();
+  static_check_view<ExecSpace, LV, 3, true>();
+  using T = typename QV::non_const_value_type;
+  static_assert(is_supported_element<T>::value, "kfa: element type must be double, float, half or bfloat16");
+  static_assert(std::is_same<T, typename KV::non_const_value_type>::value &&
+                    std::is_same<T, typename VV::non_const_value_type>::value &&
+                    std::is_same<T, typename OV::non_const_value_type>::value,
+                "kfa: q, k, v and o must have the same element type");
+  static_assert(std::is_same<accumulator_t<T>, typename LV::non_const_value_type>::value,
+                "kfa: lse must hold the accumulation type (double for double inputs, float otherwise)");
+}
+
+/// All run-time checks of attention_forward and reference_attention.
+template <class QV, class KV, class VV, class OV, class LV>
+void check_forward(const char* fn, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                   const AttentionOptions& opts) {
+  check_qkv_and_options(fn, q, k, v, opts);
+  check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "lse", lse, {q.extent(0), q.extent(2), q.extent(1)});
+  check_no_alias(fn, "o", o, "q", q);
+  check_no_alias(fn, "o", o, "k", k);
+  check_no_alias(fn, "o", o, "v", v);
+  check_no_alias(fn, "lse", lse, "q", q);
+  check_no_alias(fn, "lse", lse, "k", k);
+  check_no_alias(fn, "lse", lse, "v", v);
+  check_no_alias(fn, "lse", lse, "o", o);
+}
+}  // namespace detail
+
+/// Tiles attention_forward would use for these inputs on `space` (see TileConfig).
+template <class ExecSpace, class QV, class KV>
+TileConfig forward_tile_config(const ExecSpace& space, const QV& q, const KV& k, const AttentionOptions& opts = {}) {
+  using Acc = accumulator_t<typename QV::non_const_value_type>;
+  return forward_tile_config<ExecSpace, Acc>(space, static_cast<int>(q.extent(3)), static_cast<long>(q.extent(1)),
+                                             static_cast<long>(k.extent(1)),
+                                             static_cast<long>(q.extent(0) * q.extent(2)), opts);
+}
+
+/// Exact attention forward. q [batch, seq_q, heads_q, d]; k, v [batch, seq_k, heads_kv, d];
+/// o [batch, seq_q, heads_q, d] (output); lse [batch, heads_q, seq_q] (output, natural-log log-sum-exp of
+/// the scaled, softcapped, masked scores; −inf for a row that sees no key, whose o row is 0).
+/// heads_q must be a multiple of heads_kv (GQA/MQA). Asynchronous on `space`, like any Kokkos kernel.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void attention_forward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                       const AttentionOptions& opts = {}) {
+  detail::static_check_forward<ExecSpace, QV, KV, VV, OV, LV>();
+  constexpr const char* fn = "kfa::attention_forward";
+  detail::check_forward(fn, q, k, v, o, lse, opts);
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  const TileConfig tiles = forward_tile_config(space, q, k, opts);
+  if (opts.block_q > 0 && tiles.scratch_l1 > static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1)))
+    detail::fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1,
+                 " B of level-1 scratch, more than the backend's ", Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+  const std::string path = "portable";
+  compat::ScopedRegion region(std::string(fn) + "[" + path + "," + dtype_name<T>() + ",d" +
+                              std::to_string(q.extent(3)) + "," + to_string(tiles) + "]");
+  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+
+  const detail::KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), opts.causal,
+                             opts.window_left, opts.window_right);
+  using Kernel = detail::ForwardKernel<ExecSpace, QV, KV, VV, OV, LV>;
+  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(detail::resolved_scale<T>(opts, q.extent(3))),
+                      static_cast<Acc>(opts.softcap), mask, tiles);
+  const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
+  if (league > 2147483647L) detail::fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+  Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), tiles.team_size);
+  policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
+  Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
+}
+
+}  // namespace kfa

@@ -1,0 +1,100 @@
+#pragma once
+/// Every difference between the Kokkos versions kfa supports (3.4.01 as in Debian 12, 4.x, 5.x) lives here.
+#include <Kokkos_Core.hpp>
+#include <KokkosBlas3_gemm.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+// Device-side code path marker. Kokkos 3.4 has no KOKKOS_IF_ON_DEVICE, so we test the compilers' macros.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
+#define KFA_ON_DEVICE 1
+#else
+#define KFA_ON_DEVICE 0
+#endif
+
+// Kokkos 3.4 without a GPU backend defines half_t as plain float; then kfa has no separate half type.
+#if defined(KOKKOS_HALF_T_IS_FLOAT) && KOKKOS_HALF_T_IS_FLOAT
+#define KFA_HAS_HALF 0
+#else
+#define KFA_HAS_HALF 1
+#endif
+
+// bfloat16 exists from Kokkos 3.7 on (Kokkos::Experimental::bhalf_t).
+#if KOKKOS_VERSION >= 30700
+#define KFA_HAS_BHALF 1
+#else
+#define KFA_HAS_BHALF 0
+#endif
+
+namespace kfa {
+namespace compat {
+
+#if KFA_HAS_HALF
+using half_t = Kokkos::Experimental::half_t;
+#endif
+#if KFA_HAS_BHALF
+using bhalf_t = Kokkos::Experimental::bhalf_t;
+#endif
+
+// Math: Kokkos 3.4 keeps these in Kokkos::Experimental, 4.x in Kokkos.
+#if KOKKOS_VERSION >= 40000
+using Kokkos::exp;
+using Kokkos::log;
+using Kokkos::tanh;
+using Kokkos::isnan;
+using Kokkos::isinf;
+using Kokkos::isfinite;
+#else
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::log;
+using Kokkos::Experimental::tanh;
+using Kokkos::Experimental::isnan;
+using Kokkos::Experimental::isinf;
+using Kokkos::Experimental::isfinite;
+#endif
+
+/// +inf of a floating-point type, usable on device (Kokkos moved infinity<T> between versions).
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T infinity() {
+  return static_cast<T>(HUGE_VAL);
+}
+
+/// RAII profiling region; Kokkos::Profiling::ScopedRegion only exists from 4.1.
+class ScopedRegion {
+ public:
+  explicit ScopedRegion(const std::string& name) { Kokkos::Profiling::pushRegion(name); }
+  ~ScopedRegion() { Kokkos::Profiling::popRegion(); }
+  ScopedRegion(const ScopedRegion&) = delete;
+  ScopedRegion& operator=(const ScopedRegion&) = delete;
+};
+
+/// C = alpha op(A) op(B) + beta C on `space`; Kokkos Kernels 3.4 has no execution-space overload.
+template <class ExecSpace, class AV, class BV, class CV, class Scalar>
+void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a,
+          const BV& b, Scalar beta, const CV& c) {
+#if KOKKOS_VERSION >= 40000
+  KokkosBlas::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+#else
+  space.fence();
+  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+  ExecSpace().fence();
+#endif
+}
+
+/// Level-0 scratch a team may request on this backend, in bytes.
+template <class ExecSpace>
+int scratch_size_max_l0() {
+  return Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0);
+}
+
+/// Human name of a Kokkos version number, e.g. "3.4.1".
+inline std::string kokkos_version_string() {
+  return std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+         std::to_string(KOKKOS_VERSION % 100);
+}
+
+}  // namespace compat
+}  // namespace kfa

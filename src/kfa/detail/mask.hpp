@@ -1,0 +1,42 @@
+#pragma once
+/// Which keys a query row sees: bottom-right-aligned causal mask and sliding window, on global positions.
+#include <kfa/compat.hpp>
+
+namespace kfa {
+namespace detail {
+
+/// Query i sees key j iff j < seq_k and i + offset − left ≤ j ≤ i + offset + right, where offset =
+/// seq_k − seq_q (bottom-right alignment) and left/right < 0 mean unbounded. Causal is right = 0.
+struct KeyMask {
+  long seq_k = 0;
+  long offset = 0;
+  long left = -1;
+  long right = -1;
+
+  KeyMask() = default;
+  KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right)
+      : seq_k(seq_k_), offset(seq_k_ - seq_q_), left(window_left), right(window_right) {
+    if (causal) right = 0;  // causal and a window combine as FlashAttention does: window (left, 0)
+  }
+  KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
+    return j >= 0 && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
+  }
+  /// First key any of rows [i_begin, i_end) can see (may be ≥ the returned end: nothing visible).
+  KOKKOS_INLINE_FUNCTION long key_begin(long i_begin) const {
+    const long b = left < 0 ? 0 : i_begin + offset - left;
+    return b < 0 ? 0 : b;
+  }
+  /// One past the last key any of rows [i_begin, i_end) can see.
+  KOKKOS_INLINE_FUNCTION long key_end(long i_end) const {
+    const long e = right < 0 ? seq_k : (i_end - 1) + offset + right + 1;
+    return e > seq_k ? seq_k : e;
+  }
+  /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
+  KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
+    return j_end <= seq_k && (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
+           (right < 0 || j_end - 1 <= i_begin + offset + right);
+  }
+};
+
+}  // namespace detail
+}  // namespace kfa

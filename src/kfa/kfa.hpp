@@ -1,0 +1,11 @@
+#pragma once
+/// Umbrella header of kfa: exact FlashAttention on Kokkos.
+#include <kfa/attention.hpp>
+#include <kfa/compat.hpp>
+#include <kfa/config.hpp>
+#include <kfa/error.hpp>
+#include <kfa/online_softmax.hpp>
+#include <kfa/options.hpp>
+#include <kfa/reference.hpp>
+#include <kfa/tiling.hpp>
+#include <kfa/types.hpp>

@@ -1,0 +1,127 @@
+#pragma once
+/// Tile sizes from the head dimension, the element size and the team scratch budget.
+///
+/// The forward kernel streams K and V tiles through level-0 team scratch (the fast, small level: 32 KiB
+/// on host backends, about 40 KiB per team on Kokkos CUDA); the Q tile, the O accumulator and the score
+/// tile of the team's query block live in level-1 scratch, the larger per-team level. The key block is
+/// the largest that keeps the K and V tiles within 90 % of level 0; the query block trades reuse of each
+/// K/V tile (larger is better) against having enough teams to fill the machine.
+#include <kfa/detail/tile_products.hpp>
+#include <kfa/error.hpp>
+#include <kfa/options.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+namespace kfa {
+
+/// The tile configuration chosen for one call; queryable with forward_tile_config().
+struct TileConfig {
+  int block_q = 0;              ///< query rows per team
+  int block_k = 0;              ///< keys per streamed K/V tile
+  int team_size = 0;            ///< threads per team
+  std::size_t scratch_l0 = 0;   ///< level-0 bytes per team (K and V tiles)
+  std::size_t scratch_l1 = 0;   ///< level-1 bytes per team (Q, O, S tiles and row state)
+  std::size_t scratch_l0_max = 0;  ///< what the backend allows at level 0
+};
+
+namespace detail {
+
+/// Elements are carved from one scratch buffer per level at 64-byte-aligned offsets.
+constexpr std::size_t pad_elems(std::size_t n, std::size_t elem_bytes) {
+  const std::size_t per_line = 64 / elem_bytes;
+  return (n + per_line - 1) / per_line * per_line;
+}
+
+/// Element offsets of the forward kernel's scratch tiles.
+struct ForwardScratchLayout {
+  std::size_t kt, v, l0_total;           // level 0: Kt[d][bk], V[bk][d]
+  std::size_t q, o, s, m, l, l1_total;   // level 1: Q[bq][d], O[bq][d], S[bq][bk], m[bq], l[bq]
+  KOKKOS_INLINE_FUNCTION ForwardScratchLayout(int bq, int bk, int d, std::size_t eb) {
+    kt = 0;
+    v = kt + pad_elems(std::size_t(d) * bk, eb);
+    l0_total = v + pad_elems(std::size_t(bk) * d, eb);
+    q = 0;
+    o = q + pad_elems(std::size_t(bq) * d, eb);
+    s = o + pad_elems(std::size_t(bq) * d, eb);
+    m = s + pad_elems(std::size_t(bq) * bk, eb);
+    l = m + pad_elems(bq, eb);
+    l1_total = l + pad_elems(bq, eb);
+  }
+};
+
+/// Bytes Kokkos needs for a scratch View of n elements (its own alignment included).
+template <class ExecSpace, class Acc>
+std::size_t scratch_view_bytes(std::size_t n) {
+  using V = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  return V::shmem_size(n);
+}
+
+template <class ExecSpace>
+constexpr bool is_host_space() {
+  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+}
+
+}  // namespace detail
+
+/// The forward kernel's tiles for this execution space, element type and problem. Throws kfa::Error when
+/// a user override (opts.block_q / block_k) is not a multiple of 8 or does not fit the scratch budget.
+template <class ExecSpace, class Acc>
+TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q, long seq_k,
+                               long batch_heads, const AttentionOptions& opts) {
+  const char* fn = "kfa::forward_tile_config";
+  constexpr std::size_t eb = sizeof(Acc);
+  TileConfig t;
+  t.scratch_l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
+  const std::size_t budget = t.scratch_l0_max * 9 / 10;
+  const bool host = detail::is_host_space<ExecSpace>();
+  t.team_size = host ? 1 : 128;
+
+  auto l0_bytes = [&](int bq, int bk) {
+    return detail::scratch_view_bytes<ExecSpace, Acc>(detail::ForwardScratchLayout(bq, bk, head_dim, eb).l0_total);
+  };
+  if (opts.block_k > 0) {
+    if (opts.block_k % 8 != 0) detail::fail(fn, ": opts.block_k = ", opts.block_k, " is not a multiple of 8");
+    if (l0_bytes(8, opts.block_k) > budget)
+      detail::fail(fn, ": opts.block_k = ", opts.block_k, " with head_dim = ", head_dim, " needs ",
+                   l0_bytes(8, opts.block_k), " B of level-0 scratch but 90% of the backend's ", t.scratch_l0_max,
+                   " B is ", budget, " B");
+    t.block_k = opts.block_k;
+  } else {
+    // Largest multiple of 16 (else 8, else 4) that fits, capped at 128 keys and at the padded seq_k.
+    const long cap = std::min<long>(128, std::max<long>(4, (seq_k + 3) / 4 * 4));
+    int best = 0;
+    for (int bk = 4; bk <= cap; bk += 4) {
+      if (l0_bytes(8, bk) > budget) break;
+      if (bk % 16 == 0 || bk < 16) best = bk;
+    }
+    if (best == 0)
+      detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 keys in 90% of ",
+                   t.scratch_l0_max, " B level-0 scratch");
+    t.block_k = best;
+  }
+
+  if (opts.block_q > 0) {
+    if (opts.block_q % 8 != 0) detail::fail(fn, ": opts.block_q = ", opts.block_q, " is not a multiple of 8");
+    t.block_q = opts.block_q;
+  } else {
+    // 64 rows reuse each K/V tile 64 times; shrink (to 16) while the league would not give every thread
+    // of the machine a few teams.
+    const long want_teams = 4L * static_cast<long>(space.concurrency()) / t.team_size;
+    int bq = static_cast<int>(std::min<long>(64, std::max<long>(8, (seq_q + 7) / 8 * 8)));
+    while (bq > 16 && batch_heads * ((seq_q + bq - 1) / bq) < want_teams) bq /= 2;
+    t.block_q = bq;
+  }
+  const detail::ForwardScratchLayout lay(t.block_q, t.block_k, head_dim, eb);
+  t.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(lay.l0_total);
+  t.scratch_l1 = detail::scratch_view_bytes<ExecSpace, Acc>(lay.l1_total);
+  return t;
+}
+
+/// "bq64,bk16": the tile part of profiling-region names.
+inline std::string to_string(const TileConfig& t) {
+  return "bq" + std::to_string(t.block_q) + ",bk" + std::to_string(t.block_k);
+}
+
+}  // namespace kfa
