@@ -36,16 +36,16 @@ constexpr std::size_t pad_elems(std::size_t n, std::size_t elem_bytes) {
 
 /// Element offsets of the forward kernel's scratch tiles.
 struct ForwardScratchLayout {
-  std::size_t kt, v, l0_total;           // level 0: Kt[d][bk], V[bk][d]
-  std::size_t q, o, s, m, l, l1_total;   // level 1: Q[bq][d], O[bq][d], S[bq][bk], m[bq], l[bq]
+  std::size_t k, v, l0_total;            // level 0: K[bk][d], V[bk][d]
+  std::size_t qt, o, s, m, l, l1_total;  // level 1: Qᵀ[d][bq], O[bq][d], Sᵀ[bk][bq], m[bq], ℓ[bq]
   KOKKOS_INLINE_FUNCTION ForwardScratchLayout(int bq, int bk, int d, std::size_t eb) {
-    kt = 0;
-    v = kt + pad_elems(std::size_t(d) * bk, eb);
+    k = 0;
+    v = k + pad_elems(std::size_t(bk) * d, eb);
     l0_total = v + pad_elems(std::size_t(bk) * d, eb);
-    q = 0;
-    o = q + pad_elems(std::size_t(bq) * d, eb);
+    qt = 0;
+    o = qt + pad_elems(std::size_t(d) * bq, eb);
     s = o + pad_elems(std::size_t(bq) * d, eb);
-    m = s + pad_elems(std::size_t(bq) * bk, eb);
+    m = s + pad_elems(std::size_t(bk) * bq, eb);
     l = m + pad_elems(bq, eb);
     l1_total = l + pad_elems(bq, eb);
   }
@@ -89,12 +89,12 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
                    " B is ", budget, " B");
     t.block_k = opts.block_k;
   } else {
-    // Largest multiple of 16 (else 8, else 4) that fits, capped at 128 keys and at the padded seq_k.
+    // Largest multiple of 8 (4 when not even 8 fit) that fits, capped at 128 keys and at the padded seq_k.
     const long cap = std::min<long>(128, std::max<long>(4, (seq_k + 3) / 4 * 4));
     int best = 0;
     for (int bk = 4; bk <= cap; bk += 4) {
       if (l0_bytes(8, bk) > budget) break;
-      if (bk % 16 == 0 || bk < 16) best = bk;
+      if (bk % 8 == 0 || bk < 8) best = bk;
     }
     if (best == 0)
       detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 keys in 90% of ",

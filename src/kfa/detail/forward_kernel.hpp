@@ -1,7 +1,8 @@
 #pragma once
 /// The FlashAttention-2 forward team kernel: one team per (batch, query head, query block). The team loads
 /// its Q tile once (pre-scaled), streams the visible K/V tiles through level-0 scratch, and for each tile
-/// computes S = Q·Kᵀ, applies softcap and mask, merges the tile into the per-row (m, ℓ) with the shared
+/// computes Sᵀ = K·Qᵀ (transposed so every row-wise softmax step is element-wise over query rows, which
+/// vectorizes on host and is one row per thread on device), applies softcap and mask, merges the tile into the per-row (m, ℓ) with the shared
 /// combine rule, and accumulates O += P·V. O is normalized once at the end and written with its LSE.
 #include <kfa/detail/fast_exp.hpp>
 #include <kfa/detail/mask.hpp>
@@ -41,6 +42,8 @@ struct ForwardKernel {
         softcap(softcap_), mask(mask_), lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    constexpr int W = MicroTileShape<ExecSpace>::lanes;  // query rows per element-wise step
+    const Acc ninf = -compat::infinity<Acc>();
     const int lr = team.league_rank();
     const int qb = lr % n_qblocks;
     const int h = (lr / n_qblocks) % heads_q;
@@ -52,20 +55,17 @@ struct ForwardKernel {
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
-    Acc* const kt = buf0.data() + lay.kt;  // [d][bk]: K tile transposed
-    Acc* const vt = buf0.data() + lay.v;   // [bk][d]
-    Acc* const qt = buf1.data() + lay.q;   // [bq][d], pre-scaled
-    Acc* const ot = buf1.data() + lay.o;   // [bq][d], unnormalized O
-    Acc* const st = buf1.data() + lay.s;   // [bq][bk], scores then probabilities
+    Acc* const kt = buf0.data() + lay.k;  // [bk][d]
+    Acc* const vt = buf0.data() + lay.v;  // [bk][d]
+    Acc* const qt = buf1.data() + lay.qt;  // [d][bq]: Q tile transposed and pre-scaled
+    Acc* const ot = buf1.data() + lay.o;   // [bq][d]: unnormalized O
+    Acc* const st = buf1.data() + lay.s;   // [bk][bq]: scores, then probabilities, transposed
     Acc* const mrow = buf1.data() + lay.m;
     Acc* const lrow = buf1.data() + lay.l;
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq * d), [&](const int e) {
-      const int r = e / d, c = e % d;
-      qt[e] = r < rows ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
-      ot[e] = Acc(0);
-    });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+      for (int c = 0; c < d; ++c) qt[c * bq + r] = r < rows ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
+      for (int c = 0; c < d; ++c) ot[r * d + c] = Acc(0);
       const SoftmaxState<Acc> s0 = SoftmaxState<Acc>::empty();
       mrow[r] = s0.m;
       lrow[r] = s0.l;
@@ -76,62 +76,72 @@ struct ForwardKernel {
     for (long j0 = j_begin; j0 < j_end; j0 += bk) {
       const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
       team.team_barrier();  // the previous tile's P·V is done with kt/vt
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk * d), [&](const int e) {
-        const int j = e / d, c = e % d;
-        const bool in = j < cols;
-        kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
-        vt[e] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
+        Acc* krow = kt + j * d;
+        Acc* vrow = vt + j * d;
+        if (j < cols) {
+          for (int c = 0; c < d; ++c) krow[c] = static_cast<Acc>(k(b, j0 + j, hk, c));
+          for (int c = 0; c < d; ++c) vrow[c] = static_cast<Acc>(v(b, j0 + j, hk, c));
+        } else {
+          for (int c = 0; c < d; ++c) krow[c] = vrow[c] = Acc(0);
+        }
       });
       team.team_barrier();
-      team_gemm_nn<ExecSpace>(team, bq, bk, d, qt, d, kt, bk, st, bk, false);
+      // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
+      team_gemm<ExecSpace>(team, bk, bq, d, kt, d, 1, qt, bq, st, bq, false);
       team.team_barrier();
 
       const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
-        Acc* srow = st + r * bk;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+        const int ib = chunk * W;
         if (softcap > Acc(0)) {
           const Acc inv = Acc(1) / softcap;
-          for (int j = 0; j < bk; ++j) srow[j] = softcap * compat::tanh(srow[j] * inv);
+          for (int j = 0; j < bk; ++j)
+            for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
         }
         if (need_mask) {
-          const long i = i0 + r;
           for (int j = 0; j < bk; ++j)
-            if (j >= cols || !mask.visible(i, j0 + j)) srow[j] = -compat::infinity<Acc>();
+            for (int x = 0; x < W; ++x) {
+              const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+              st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
+            }
         }
-        Acc tile_max = -compat::infinity<Acc>();
-        for (int j = 0; j < bk; ++j) tile_max = srow[j] > tile_max ? srow[j] : tile_max;
-        // Merge the tile into the row state (m, ℓ, O) with the combine rule; the tile's own terms are
-        // computed directly at the merged maximum, so they need no further scaling.
-        SoftmaxState<Acc> state{mrow[r], lrow[r]};
-        const MergeFactors<Acc> f = merge_factors(state.m, tile_max);
-        Acc sum = 0;
-        if (f.m == -compat::infinity<Acc>()) {
-          for (int j = 0; j < bk; ++j) srow[j] = Acc(0);
-        } else {
-          for (int j = 0; j < bk; ++j) {
-            const Acc p = fast_exp(srow[j] - f.m);
-            srow[j] = p;
-            sum += p;
+        Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
+        for (int x = 0; x < W; ++x) tmax[x] = ninf;
+        for (int j = 0; j < bk; ++j)
+          for (int x = 0; x < W; ++x) tmax[x] = st[j * bq + ib + x] > tmax[x] ? st[j * bq + ib + x] : tmax[x];
+        // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
+        // directly at the merged maximum, so their factor is 1.
+        for (int x = 0; x < W; ++x) {
+          const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
+          mnew[x] = f.m;
+          mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
+          scale_old[x] = f.scale_a;
+          sum[x] = Acc(0);
+        }
+        for (int j = 0; j < bk; ++j)
+          for (int x = 0; x < W; ++x) {
+            const Acc p = fast_exp(st[j * bq + ib + x] - mexp[x]);
+            st[j * bq + ib + x] = p;
+            sum[x] += p;
           }
-        }
-        mrow[r] = f.m;
-        lrow[r] = f.scale_a * state.l + sum;
-        if (f.scale_a != Acc(1)) {
-          Acc* orow = ot + r * d;
-          for (int c = 0; c < d; ++c) orow[c] *= f.scale_a;
+        for (int x = 0; x < W; ++x) {
+          mrow[ib + x] = mnew[x];
+          lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
+          if (scale_old[x] != Acc(1))
+            for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
         }
       });
       team.team_barrier();
-      team_gemm_nn<ExecSpace>(team, bq, d, bk, st, bk, vt, d, ot, d, true);
+      // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
+      team_gemm<ExecSpace>(team, bq, d, bk, st, 1, bq, vt, d, ot, d, true);
     }
     team.team_barrier();
 
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * d), [&](const int e) {
-      const int r = e / d, c = e % d;
-      const Acc l = lrow[r];
-      o(b, i0 + r, h, c) = static_cast<T>(l > Acc(0) ? ot[e] / l : Acc(0));
-    });
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
+      const Acc l = lrow[r];
+      const Acc inv = l > Acc(0) ? Acc(1) / l : Acc(0);
+      for (int c = 0; c < d; ++c) o(b, i0 + r, h, c) = static_cast<T>(ot[r * d + c] * inv);
       lse(b, h, i0 + r) = SoftmaxState<Acc>{mrow[r], lrow[r]}.lse();
     });
   }

@@ -1,42 +1,48 @@
 #pragma once
-/// Portable tile products: C = A·B (+ C) on row-major tiles in team scratch, split over the team's threads
-/// as register-blocked micro-tiles. Both forward products have this "NN" shape because the kernel stores
-/// the K tile transposed: S = Q·Kᵀ is Q[bq×d]·Kt[d×bk] and O += P·V is P[bq×bk]·V[bk×d].
+/// Tile products: C[m×n] = A[m×k]·B[k×n] (+ C) on tiles in team scratch, split over the team's threads
+/// as register-blocked micro-tiles. A is addressed through (row, column) strides so the same routine
+/// serves S = K·Qᵀ (A = the K tile, row-major) and O += P·V (A = Pᵀ as stored, i.e. column-major);
+/// B and C are row-major.
 ///
-/// This is the customization point for tile products: a vendor implementation (tensor cores on CUDA)
-/// sits beside it and is chosen by `TileProductPath`; this one runs on every backend and is the path the
-/// tests compare against.
+/// This is the customization point for tile products. On host backends the micro-tile is written with
+/// GCC/Clang vector extensions (one 64-byte vector per register, any x86/Arm SIMD width underneath); on
+/// device backends each thread owns a small scalar micro-tile. A vendor path (tensor cores on CUDA)
+/// plugs in beside these and is chosen by TileProductPath; the portable path always exists.
 #include <kfa/compat.hpp>
 
 #include <type_traits>
 
+#if !KFA_ON_DEVICE && (defined(__GNUC__) || defined(__clang__))
+#define KFA_HOST_VECTOR_EXT 1
+#else
+#define KFA_HOST_VECTOR_EXT 0
+#endif
+
 namespace kfa {
 namespace detail {
 
-/// Register-block shape per backend: host threads own whole tiles, so big blocks that map to SIMD
-/// registers (8 rows × up to 32 floats on AVX-512); GPU threads are many and register-poor.
+/// Register-block shape per backend: host threads own whole tiles, so blocks of 8 rows × 2 SIMD vectors;
+/// GPU threads are many and register-poor, so 2 × 4 scalars each. `lanes` is the width of the kernel's
+/// element-wise loops over query rows (vectorized on host, one row per thread on device).
 template <class ExecSpace>
 struct MicroTileShape {
   static constexpr bool host =
       Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
   static constexpr int rows = host ? 8 : 2;
-  template <class Acc>
-  static constexpr int max_cols() {
-    return host ? (std::is_same<Acc, double>::value ? 16 : 32) : 4;
-  }
+  static constexpr int lanes = host ? 8 : 1;
 };
 
-/// One RI×RJ block of C = A·B (+C). K is the shared dimension.
+/// One RI×RJ block of C = A·B (+C), scalar code (device threads, and any shape on host).
 template <int RI, int RJ, class Acc>
-KOKKOS_INLINE_FUNCTION void micro_tile(const Acc* __restrict__ a, int lda, const Acc* __restrict__ b, int ldb,
-                                       Acc* __restrict__ c, int ldc, int kdim, bool accumulate) {
+KOKKOS_INLINE_FUNCTION void micro_tile_scalar(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c,
+                                              int ldc, int kdim, bool accumulate) {
   Acc acc[RI][RJ];
   for (int r = 0; r < RI; ++r)
     for (int j = 0; j < RJ; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : Acc(0);
   for (int kk = 0; kk < kdim; ++kk) {
     const Acc* brow = b + static_cast<long>(kk) * ldb;
     for (int r = 0; r < RI; ++r) {
-      const Acc av = a[r * lda + kk];
+      const Acc av = a[r * a_rs + kk * a_cs];
       for (int j = 0; j < RJ; ++j) acc[r][j] += av * brow[j];
     }
   }
@@ -44,34 +50,79 @@ KOKKOS_INLINE_FUNCTION void micro_tile(const Acc* __restrict__ a, int lda, const
     for (int j = 0; j < RJ; ++j) c[r * ldc + j] = acc[r][j];
 }
 
-template <int RI, int RJ, class Member, class Acc>
-KOKKOS_INLINE_FUNCTION void team_gemm_nn_fixed(const Member& team, int m, int n, int kdim, const Acc* a, int lda,
-                                               const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+#if KFA_HOST_VECTOR_EXT
+/// 64-byte SIMD vector of Acc; the unaligned, may-alias variant is how compilers' own intrinsics load.
+template <class Acc>
+struct Simd {
+  typedef Acc type __attribute__((vector_size(64)));
+  typedef Acc unaligned __attribute__((vector_size(64), aligned(alignof(Acc)), __may_alias__));
+  static constexpr int width = 64 / sizeof(Acc);
+};
+
+/// One RI × (NV·width) block of C = A·B (+C) held in NV·RI vector registers.
+template <int RI, int NV, class Acc>
+inline void micro_tile_simd(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c, int ldc, int kdim,
+                            bool accumulate) {
+  using V = typename Simd<Acc>::type;
+  using U = typename Simd<Acc>::unaligned;
+  constexpr int W = Simd<Acc>::width;
+  V acc[RI][NV];
+  for (int r = 0; r < RI; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? V(*reinterpret_cast<const U*>(c + r * ldc + v * W)) : V{};
+  for (int kk = 0; kk < kdim; ++kk) {
+    const Acc* brow = b + static_cast<long>(kk) * ldb;
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const U*>(brow + v * W);
+    const Acc* acol = a + kk * a_cs;
+    for (int r = 0; r < RI; ++r) {
+      const Acc av = acol[r * a_rs];
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+  for (int r = 0; r < RI; ++r)
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<U*>(c + r * ldc + v * W) = acc[r][v];
+}
+#endif
+
+template <int RI, int RJ, bool UseSimd, class Member, class Acc>
+KOKKOS_INLINE_FUNCTION void team_gemm_fixed(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs,
+                                            long a_cs, const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
   const int tiles_j = n / RJ;
   const int tiles = (m / RI) * tiles_j;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tiles), [&](const int t) {
     const int i0 = (t / tiles_j) * RI;
     const int j0 = (t % tiles_j) * RJ;
-    micro_tile<RI, RJ>(a + i0 * lda, lda, b + j0, ldb, c + i0 * ldc + j0, ldc, kdim, accumulate);
+#if KFA_HOST_VECTOR_EXT
+    if (UseSimd) {
+      micro_tile_simd<RI, RJ / detail::Simd<Acc>::width>(a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0,
+                                                         ldc, kdim, accumulate);
+      return;
+    }
+#endif
+    micro_tile_scalar<RI, RJ>(a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc, kdim, accumulate);
   });
 }
 
-/// C[m×n] = A[m×k]·B[k×n] (+ C when `accumulate`), all row-major with leading dimensions lda, ldb, ldc.
-/// Requires m % MicroTileShape::rows == 0 and n % 4 == 0 (the tiling guarantees both). No barrier inside.
+/// C[m×n] = A[m×k]·B[k×n] (+ C when `accumulate`); A(r, kk) = a[r·a_rs + kk·a_cs]; B, C row-major with
+/// leading dimensions ldb, ldc. Requires n % 4 == 0 (head_dim and the tiles are multiples of 4); m of any
+/// size, fastest when a multiple of MicroTileShape::rows. No barrier inside.
 template <class ExecSpace, class Member, class Acc>
-KOKKOS_INLINE_FUNCTION void team_gemm_nn(const Member& team, int m, int n, int kdim, const Acc* a, int lda,
-                                         const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+KOKKOS_INLINE_FUNCTION void team_gemm(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs, long a_cs,
+                                      const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
   using Shape = MicroTileShape<ExecSpace>;
   constexpr int RI = Shape::rows;
-  constexpr int RJ = Shape::template max_cols<Acc>();
-  if (RJ >= 32 && n % 32 == 0)
-    team_gemm_nn_fixed<RI, (RJ >= 32 ? 32 : 4)>(team, m, n, kdim, a, lda, b, ldb, c, ldc, accumulate);
-  else if (RJ >= 16 && n % 16 == 0)
-    team_gemm_nn_fixed<RI, (RJ >= 16 ? 16 : 4)>(team, m, n, kdim, a, lda, b, ldb, c, ldc, accumulate);
-  else if (RJ >= 8 && n % 8 == 0)
-    team_gemm_nn_fixed<RI, (RJ >= 8 ? 8 : 4)>(team, m, n, kdim, a, lda, b, ldb, c, ldc, accumulate);
-  else
-    team_gemm_nn_fixed<RI, 4>(team, m, n, kdim, a, lda, b, ldb, c, ldc, accumulate);
+  if (m % RI != 0) return team_gemm_fixed<1, 4, false>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+#if KFA_HOST_VECTOR_EXT
+  if (Shape::host) {
+    constexpr int W = Simd<Acc>::width;
+    if (n % (2 * W) == 0)
+      return team_gemm_fixed<RI, 2 * W, true>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    if (n % W == 0) return team_gemm_fixed<RI, W, true>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    if (n % 8 == 0) return team_gemm_fixed<RI, 8, false>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  }
+#endif
+  team_gemm_fixed<RI, 4, false>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
 }
 
 }  // namespace detail
