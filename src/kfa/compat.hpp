@@ -15,7 +15,8 @@
 #define KFA_ON_DEVICE 0
 #endif
 
-// Kokkos 3.4 without a GPU backend defines half_t as plain float; then kfa has no separate half type.
+// Kokkos without a GPU backend (3.4 and 4.x alike) defines half_t and bhalf_t as plain float; then kfa
+// has no separate half or bfloat16 type and those spellings simply mean float.
 #if defined(KOKKOS_HALF_T_IS_FLOAT) && KOKKOS_HALF_T_IS_FLOAT
 #define KFA_HAS_HALF 0
 #else
@@ -23,7 +24,7 @@
 #endif
 
 // bfloat16 exists from Kokkos 3.7 on (Kokkos::Experimental::bhalf_t).
-#if KOKKOS_VERSION >= 30700
+#if KOKKOS_VERSION >= 30700 && !(defined(KOKKOS_BHALF_T_IS_FLOAT) && KOKKOS_BHALF_T_IS_FLOAT)
 #define KFA_HAS_BHALF 1
 #else
 #define KFA_HAS_BHALF 0

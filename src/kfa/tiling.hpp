@@ -29,7 +29,7 @@ struct TileConfig {
 namespace detail {
 
 /// Elements are carved from one scratch buffer per level at 64-byte-aligned offsets.
-constexpr std::size_t pad_elems(std::size_t n, std::size_t elem_bytes) {
+KOKKOS_INLINE_FUNCTION constexpr std::size_t pad_elems(std::size_t n, std::size_t elem_bytes) {
   const std::size_t per_line = 64 / elem_bytes;
   return (n + per_line - 1) / per_line * per_line;
 }

@@ -37,11 +37,23 @@ inline std::uint64_t fresh_seed() {
   return (std::uint64_t(rd()) << 32) ^ rd();
 }
 
+// Contiguous copy of any rank-4 View in its own memory space (Kokkos cannot deep_copy non-contiguous
+// Views across memory spaces, e.g. a strided device subview to the host).
+template <class View>
+Kokkos::View<typename View::non_const_value_type****, Kokkos::LayoutRight, typename View::memory_space> packed4(
+    const View& x) {
+  Kokkos::View<typename View::non_const_value_type****, Kokkos::LayoutRight, typename View::memory_space> p(
+      "kfa_test::packed", x.extent(0), x.extent(1), x.extent(2), x.extent(3));
+  Kokkos::deep_copy(p, x);
+  return p;
+}
+
 // Fills x with N(0, sigma²) values rounded to T and returns them as doubles ([b, s, h, d] order).
 template <class View>
 std::vector<double> fill_random(const View& x, std::mt19937_64& rng, double sigma = 1.0) {
   using T = typename View::non_const_value_type;
-  auto h = Kokkos::create_mirror_view(Kokkos::HostSpace(), x);
+  auto p = packed4(x);
+  auto h = Kokkos::create_mirror_view(Kokkos::HostSpace(), p);
   std::normal_distribution<double> dist(0.0, sigma);
   std::vector<double> out;
   out.reserve(x.size());
@@ -53,7 +65,8 @@ std::vector<double> fill_random(const View& x, std::mt19937_64& rng, double sigm
           h(b, i, hh, c) = val;
           out.push_back(static_cast<double>(static_cast<kfa::accumulator_t<T>>(val)));
         }
-  Kokkos::deep_copy(x, h);
+  Kokkos::deep_copy(p, h);
+  Kokkos::deep_copy(x, p);
   return out;
 }
 
@@ -67,7 +80,7 @@ void poison(const View& x) {
 // Output tensor [b, s, h, d] as doubles in the reference's order.
 template <class View>
 std::vector<double> to_doubles4(const View& x) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), packed4(x));
   std::vector<double> out;
   out.reserve(x.size());
   for (size_t b = 0; b < x.extent(0); ++b)
@@ -80,7 +93,10 @@ std::vector<double> to_doubles4(const View& x) {
 
 template <class View>
 std::vector<double> to_doubles3(const View& x) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  Kokkos::View<typename View::non_const_value_type***, Kokkos::LayoutRight, typename View::memory_space> p(
+      "kfa_test::packed", x.extent(0), x.extent(1), x.extent(2));
+  Kokkos::deep_copy(p, x);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p);
   std::vector<double> out;
   for (size_t a = 0; a < x.extent(0); ++a)
     for (size_t b = 0; b < x.extent(1); ++b)
