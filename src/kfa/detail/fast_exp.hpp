@@ -12,11 +12,14 @@ KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
 #if KFA_ON_DEVICE
   return compat::exp(x);
 #else
-  const float lo = -87.0f, hi = 88.0f;
-  const bool under = !(x >= lo);  // also true for −inf and NaN... NaN is kept below
-  float xc = x < lo ? lo : (x > hi ? hi : x);
-  const float n = static_cast<float>(static_cast<int>(xc * 1.44269504088896341f + (xc >= 0 ? 0.5f : -0.5f)));
-  float r = xc - n * 0.693145751953125f;  // ln2 split in two for an exact n·ln2_hi
+  // Branch-free so that loops calling it vectorize: clamp, round x·log2(e) to n with the 1.5·2^23 trick
+  // (n then sits in the low mantissa bits of t, no float→int conversion), exp(r) by polynomial, times 2^n.
+  const float lo = -87.0f, hi = 88.0f, magic = 12582912.0f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;  // NaN passes both compares unchanged and propagates through p
+  const float t = xc * 1.44269504088896341f + magic;
+  const float n = t - magic;
+  float r = xc - n * 0.693145751953125f;  // ln2 split in two: n·ln2_hi is exact
   r = r - n * 1.428606765330187045e-06f;
   // Taylor to degree 7 on |r| ≤ ln2/2: truncation < 2e-9 relative.
   float p = 1.98412698e-4f;
@@ -27,11 +30,13 @@ KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  std::int32_t tb;
+  std::memcpy(&tb, &t, sizeof(tb));
+  const std::int32_t bits = (tb - 0x4B400000 + 127) * (1 << 23);
   float two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   const float y = p * two_n;
-  return under ? (x != x ? x : 0.0f) : y;
+  return x < lo ? 0.0f : y;
 #endif
 }
 
@@ -39,11 +44,11 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
 #if KFA_ON_DEVICE
   return compat::exp(x);
 #else
-  const double lo = -708.0, hi = 709.0;
-  const bool under = !(x >= lo);
-  double xc = x < lo ? lo : (x > hi ? hi : x);
-  const double n =
-      static_cast<double>(static_cast<std::int64_t>(xc * 1.4426950408889634074 + (xc >= 0 ? 0.5 : -0.5)));
+  const double lo = -708.0, hi = 709.0, magic = 6755399441055744.0;  // 1.5·2^52
+  double xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const double t = xc * 1.4426950408889634074 + magic;
+  const double n = t - magic;
   double r = xc - n * 6.93147180369123816490e-01;
   r = r - n * 1.90821492927058770002e-10;
   // Taylor to degree 13 on |r| ≤ ln2/2: truncation < 2e-17 relative.
@@ -61,11 +66,14 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  const std::int64_t bits = (static_cast<std::int64_t>(n) + 1023) << 52;
+  std::int64_t tb, mb;
+  std::memcpy(&tb, &t, sizeof(tb));
+  std::memcpy(&mb, &magic, sizeof(mb));
+  const std::int64_t bits = (tb - mb + 1023) * (std::int64_t(1) << 52);
   double two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   const double y = p * two_n;
-  return under ? (x != x ? x : 0.0) : y;
+  return x < lo ? 0.0 : y;
 #endif
 }
 
