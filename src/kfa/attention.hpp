@@ -1,5 +1,6 @@
 #pragma once
 /// Public attention API: exact softmax(scale·q·kᵀ + mask)·v without ever storing the seq_q × seq_k matrix.
+#include <kfa/detail/backward_kernel.hpp>
 #include <kfa/detail/checks.hpp>
 #include <kfa/detail/forward_kernel.hpp>
 #include <kfa/options.hpp>
@@ -48,6 +49,48 @@ void check_forward(const char* fn, const QV& q, const KV& k, const VV& v, const 
   check_no_alias(fn, "lse", lse, "v", v);
   check_no_alias(fn, "lse", lse, "o", o);
 }
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
+          class DVV>
+void static_check_backward() {
+  static_check_forward<ExecSpace, QV, KV, VV, OV, LV>();
+  static_check_view<ExecSpace, DOV, 4, false>();
+  static_check_view<ExecSpace, DQV, 4, true>();
+  static_check_view<ExecSpace, DKV, 4, true>();
+  static_check_view<ExecSpace, DVV, 4, true>();
+  using T = typename QV::non_const_value_type;
+  static_assert(std::is_same<T, typename DOV::non_const_value_type>::value &&
+                    std::is_same<T, typename DQV::non_const_value_type>::value &&
+                    std::is_same<T, typename DKV::non_const_value_type>::value &&
+                    std::is_same<T, typename DVV::non_const_value_type>::value,
+                "kfa: d_o, dq, dk and dv must have the same element type as q");
+}
+
+/// All run-time checks of attention_backward and reference_attention_backward.
+template <class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
+void check_backward(const char* fn, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o, const LV& lse,
+                    const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
+  check_qkv_and_options(fn, q, k, v, opts);
+  check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "d_o", d_o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "lse", lse, {q.extent(0), q.extent(2), q.extent(1)});
+  check_extents(fn, "dq", dq, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "dk", dk, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
+  check_extents(fn, "dv", dv, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
+  auto inputs_of = [&](const char* out_name, const auto& out) {
+    check_no_alias(fn, out_name, out, "q", q);
+    check_no_alias(fn, out_name, out, "k", k);
+    check_no_alias(fn, out_name, out, "v", v);
+    check_no_alias(fn, out_name, out, "o", o);
+    check_no_alias(fn, out_name, out, "d_o", d_o);
+    check_no_alias(fn, out_name, out, "lse", lse);
+  };
+  inputs_of("dq", dq);
+  inputs_of("dk", dk);
+  inputs_of("dv", dv);
+  check_no_alias(fn, "dq", dq, "dk", dk);
+  check_no_alias(fn, "dq", dq, "dv", dv);
+  check_no_alias(fn, "dk", dk, "dv", dv);
+}
 }  // namespace detail
 
 /// Tiles attention_forward would use for these inputs on `space` (see TileConfig).
@@ -90,6 +133,79 @@ void attention_forward(const ExecSpace& space, const QV& q, const KV& k, const V
   Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), tiles.team_size);
   policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
   Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
+}
+
+/// Tiles attention_backward would use for these inputs on `space` (see BackwardTileConfig).
+template <class ExecSpace, class QV, class KV>
+BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
+                                        const AttentionOptions& opts = {}) {
+  using Acc = accumulator_t<typename QV::non_const_value_type>;
+  return backward_tile_config<ExecSpace, Acc>(space, static_cast<int>(q.extent(3)), static_cast<long>(q.extent(1)),
+                                              static_cast<long>(k.extent(1)),
+                                              static_cast<long>(q.extent(0) * q.extent(2)),
+                                              static_cast<long>(k.extent(0) * k.extent(2)), opts);
+}
+
+/// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv
+/// [batch, seq_k, heads_kv, d] (outputs, overwritten) from q, k, v, the forward's o and lse, and d_o
+/// (like q). Same options as the forward call that produced o and lse. Deterministic: no atomics; dK and
+/// dV of a shared KV head are summed over its query heads in a fixed order. Allocates only
+/// D = rowsum(dO ∘ O) [batch, heads_q, seq_q]. Asynchronous on `space`.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
+          class DVV>
+void attention_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,
+                        const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
+                        const AttentionOptions& opts = {}) {
+  detail::static_check_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV>();
+  constexpr const char* fn = "kfa::attention_backward";
+  detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  const BackwardTileConfig tiles = backward_tile_config(space, q, k, opts);
+  const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+  if (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max)
+    detail::fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
+                 " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
+  compat::ScopedRegion region(std::string(fn) + "[portable," + dtype_name<T>() + ",d" + std::to_string(q.extent(3)) +
+                              "," + to_string(tiles) + "]");
+  const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
+  const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
+  if (batch == 0) return;
+  if (hq == 0) {  // no query head uses k and v: their gradients are zero
+    detail::zero4(space, dk, "kfa::attention_backward::zero_dk");
+    detail::zero4(space, dv, "kfa::attention_backward::zero_dv");
+    return;
+  }
+
+  const Acc scale = static_cast<Acc>(detail::resolved_scale<T>(opts, q.extent(3)));
+  const detail::KeyMask mask(nq, nk, opts.causal, opts.window_left, opts.window_right);
+  Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
+  using DD = decltype(dd);
+  if (nq > 0)
+    Kokkos::parallel_for("kfa::attention_backward::D",
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
+                         detail::RowDotKernel<ExecSpace, OV, DOV, DD>{o, d_o, dd});
+
+  if (nk > 0) {
+    using K1 = detail::DkDvKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, static_cast<Acc>(opts.softcap), mask, tiles.dkdv);
+    const long league = static_cast<long>(batch) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    if (league > 2147483647L) detail::fail(fn, ": batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+    Kokkos::TeamPolicy<ExecSpace> p1(space, static_cast<int>(league), tiles.dkdv.team_size);
+    p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
+        .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
+    Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
+  }
+  if (nq > 0) {
+    using K2 = detail::DqKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DQV>;
+    const K2 k2(q, k, v, d_o, lse, dd, dq, scale, static_cast<Acc>(opts.softcap), mask, tiles.dq);
+    const long league = static_cast<long>(batch) * hq * k2.n_qblocks;
+    if (league > 2147483647L) detail::fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+    Kokkos::TeamPolicy<ExecSpace> p2(space, static_cast<int>(league), tiles.dq.team_size);
+    p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
+    Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
+  }
 }
 
 }  // namespace kfa

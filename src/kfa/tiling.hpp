@@ -119,9 +119,111 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
   return t;
 }
 
+namespace detail {
+/// Scratch tiles of the backward's two kernels. dK/dV kernel (one team per key block, streaming query
+/// blocks): level 0 Q[bq][d], dO[bq][d]; level 1 Kᵀ[d][bk], Vᵀ[d][bk], dK[bk][d], dV[bk][d], S[bq][bk],
+/// dP[bq][bk], lse[bq], D[bq]. dQ kernel (one team per query block, streaming key blocks): level 0
+/// K[bk][d], V[bk][d]; level 1 Qᵀ[d][bq], dOᵀ[d][bq], dQ[bq][d], Sᵀ[bk][bq], dPᵀ[bk][bq], lse[bq], D[bq].
+struct BackwardScratchLayout {
+  std::size_t a, b, l0_total;                    // the two streamed tiles
+  std::size_t ta, tb, acc_a, acc_b, s, dp, lse, dd, l1_total;
+  KOKKOS_INLINE_FUNCTION BackwardScratchLayout(int streamed, int owned, int d, std::size_t eb) {
+    a = 0;
+    b = a + pad_elems(std::size_t(streamed) * d, eb);
+    l0_total = b + pad_elems(std::size_t(streamed) * d, eb);
+    ta = 0;
+    tb = ta + pad_elems(std::size_t(d) * owned, eb);
+    acc_a = tb + pad_elems(std::size_t(d) * owned, eb);
+    acc_b = acc_a + pad_elems(std::size_t(owned) * d, eb);
+    s = acc_b + pad_elems(std::size_t(owned) * d, eb);
+    dp = s + pad_elems(std::size_t(streamed) * owned, eb);
+    const std::size_t rows = static_cast<std::size_t>(streamed > owned ? streamed : owned);
+    lse = dp + pad_elems(std::size_t(streamed) * owned, eb);
+    dd = lse + pad_elems(rows, eb);
+    l1_total = dd + pad_elems(rows, eb);
+  }
+};
+}  // namespace detail
+
+/// Tiles of the backward pass: `dkdv` (block_k keys owned per team, block_q query rows streamed) and
+/// `dq` (block_q rows owned per team, block_k keys streamed).
+struct BackwardTileConfig {
+  TileConfig dkdv;
+  TileConfig dq;
+};
+
+/// The backward kernels' tiles: the streamed tiles (two per step) take at most 90% of level-0 scratch,
+/// the owned tiles and accumulators live in level 1. Overrides as in forward_tile_config.
+template <class ExecSpace, class Acc>
+BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, long seq_q, long seq_k,
+                                        long batch_heads_q, long batch_heads_kv, const AttentionOptions& opts) {
+  const char* fn = "kfa::backward_tile_config";
+  constexpr std::size_t eb = sizeof(Acc);
+  const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
+  const std::size_t budget = l0_max * 9 / 10;
+  const bool host = detail::is_host_space<ExecSpace>();
+  const int team_size = host ? 1 : 128;
+  auto l0_bytes = [&](int streamed) {
+    return detail::scratch_view_bytes<ExecSpace, Acc>(detail::BackwardScratchLayout(streamed, 8, head_dim, eb).l0_total);
+  };
+  // Streamed block: the override, else the largest multiple of 8 (4 if not even 8 fit) within budget.
+  auto streamed = [&](int override_value, const char* name, long extent) {
+    if (override_value > 0) {
+      if (override_value % 8 != 0) detail::fail(fn, ": opts.", name, " = ", override_value, " is not a multiple of 8");
+      if (l0_bytes(override_value) > budget)
+        detail::fail(fn, ": opts.", name, " = ", override_value, " with head_dim = ", head_dim, " needs ",
+                     l0_bytes(override_value), " B of level-0 scratch but 90% of the backend's ", l0_max, " B is ",
+                     budget, " B");
+      return override_value;
+    }
+    const long cap = std::min<long>(128, std::max<long>(4, (extent + 3) / 4 * 4));
+    int best = 0;
+    for (int n = 4; n <= cap; n += 4) {
+      if (l0_bytes(n) > budget) break;
+      if (n % 8 == 0 || n < 8) best = n;
+    }
+    if (best == 0)
+      detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 rows in 90% of ",
+                   l0_max, " B level-0 scratch");
+    return best;
+  };
+  // Owned block: the override, else 64 shrunk (to 16) while the league would leave threads idle.
+  auto owned = [&](int override_value, const char* name, long extent, long batch_heads) {
+    if (override_value > 0) {
+      if (override_value % 8 != 0) detail::fail(fn, ": opts.", name, " = ", override_value, " is not a multiple of 8");
+      return override_value;
+    }
+    const long want = 4L * static_cast<long>(space.concurrency()) / team_size;
+    int n = static_cast<int>(std::min<long>(64, std::max<long>(8, (extent + 7) / 8 * 8)));
+    while (n > 16 && batch_heads * ((extent + n - 1) / n) < want) n /= 2;
+    return n;
+  };
+  BackwardTileConfig t;
+  for (TileConfig* c : {&t.dkdv, &t.dq}) {
+    c->team_size = team_size;
+    c->scratch_l0_max = l0_max;
+  }
+  t.dkdv.block_q = streamed(opts.block_q, "block_q", seq_q);
+  t.dkdv.block_k = owned(opts.block_k, "block_k", seq_k, batch_heads_kv);
+  t.dq.block_k = streamed(opts.block_k, "block_k", seq_k);
+  t.dq.block_q = owned(opts.block_q, "block_q", seq_q, batch_heads_q);
+  const detail::BackwardScratchLayout a(t.dkdv.block_q, t.dkdv.block_k, head_dim, eb);
+  const detail::BackwardScratchLayout b(t.dq.block_k, t.dq.block_q, head_dim, eb);
+  t.dkdv.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(a.l0_total);
+  t.dkdv.scratch_l1 = detail::scratch_view_bytes<ExecSpace, Acc>(a.l1_total);
+  t.dq.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(b.l0_total);
+  t.dq.scratch_l1 = detail::scratch_view_bytes<ExecSpace, Acc>(b.l1_total);
+  return t;
+}
+
 /// "bq64,bk16": the tile part of profiling-region names.
 inline std::string to_string(const TileConfig& t) {
   return "bq" + std::to_string(t.block_q) + ",bk" + std::to_string(t.block_k);
+}
+
+/// "dkdv:bq24,bk64;dq:bq64,bk24"
+inline std::string to_string(const BackwardTileConfig& t) {
+  return "dkdv:" + to_string(t.dkdv) + ";dq:" + to_string(t.dq);
 }
 
 }  // namespace kfa

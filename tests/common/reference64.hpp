@@ -80,4 +80,49 @@ inline void reference_forward64(const Shape& s, const RefOptions& o, const std::
       }
 }
 
+// Gradients of L = Σ O ∘ dO from the materialized formulas: P = softmax(S), dV = Pᵀ dO, dP = dO Vᵀ,
+// dS = P ∘ (dP − rowsum(P ∘ dP)) (times 1 − tanh² under softcap), dQ = scale·dS K, dK = scale·dSᵀ Q.
+inline void reference_backward64(const Shape& s, const RefOptions& o, const std::vector<double>& q,
+                                 const std::vector<double>& k, const std::vector<double>& v,
+                                 const std::vector<double>& dout, std::vector<double>& dq, std::vector<double>& dk,
+                                 std::vector<double>& dv) {
+  const int d = s.head_dim, group = s.heads_q / s.heads_kv;
+  const double scale = ref_scale(s, o);
+  dq.assign(size_t(s.batch) * s.seq_q * s.heads_q * d, 0.0);
+  dk.assign(size_t(s.batch) * s.seq_k * s.heads_kv * d, 0.0);
+  dv.assign(dk.size(), 0.0);
+  std::vector<double> row, p(s.seq_k), dp(s.seq_k);
+  auto qi = [&](int b, int i, int h) { return ((size_t(b) * s.seq_q + i) * s.heads_q + h) * d; };
+  auto kj = [&](int b, int j, int hk) { return ((size_t(b) * s.seq_k + j) * s.heads_kv + hk) * d; };
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads_q; ++h)
+      for (int i = 0; i < s.seq_q; ++i) {
+        const int hk = h / group;
+        ref_scores(s, o, q, k, b, h, i, row);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (double x : row) mx = std::max(mx, x);
+        if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: no gradient
+        double sum = 0;
+        for (int j = 0; j < s.seq_k; ++j) sum += (p[j] = std::exp(row[j] - mx));
+        double dsum = 0;
+        for (int j = 0; j < s.seq_k; ++j) {
+          p[j] /= sum;
+          double acc = 0;
+          for (int c = 0; c < d; ++c) acc += dout[qi(b, i, h) + c] * v[kj(b, j, hk) + c];
+          dp[j] = acc;
+          dsum += p[j] * acc;
+        }
+        for (int j = 0; j < s.seq_k; ++j) {
+          if (p[j] == 0) continue;
+          double ds = p[j] * (dp[j] - dsum);
+          if (o.softcap > 0) ds *= 1.0 - (row[j] / o.softcap) * (row[j] / o.softcap);
+          for (int c = 0; c < d; ++c) {
+            dq[qi(b, i, h) + c] += scale * ds * k[kj(b, j, hk) + c];
+            dk[kj(b, j, hk) + c] += scale * ds * q[qi(b, i, h) + c];
+            dv[kj(b, j, hk) + c] += p[j] * dout[qi(b, i, h) + c];
+          }
+        }
+      }
+}
+
 }  // namespace kfa_test

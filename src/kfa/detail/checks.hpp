@@ -5,7 +5,9 @@
 #include <kfa/options.hpp>
 #include <kfa/types.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -26,19 +28,64 @@ constexpr void static_check_view() {
                 "kfa: a View's memory space is not accessible from the execution space");
 }
 
-/// Byte range [begin, end) that a View may touch (its span, including stride gaps).
+/// Byte range [first element, one past the last element] of a non-empty View. (View::span() may
+/// over-state it for strided subviews: a dimension of extent 1 still contributes its stride.)
 template <class View>
 std::pair<std::uintptr_t, std::uintptr_t> byte_range(const View& x) {
+  std::size_t last = 0;
+  for (unsigned r = 0; r < View::rank; ++r) last += (x.extent(r) - 1) * x.stride(r);
   const auto p = reinterpret_cast<std::uintptr_t>(x.data());
-  return {p, p + x.span() * sizeof(typename View::value_type)};
+  return {p, p + (last + 1) * sizeof(typename View::value_type)};
 }
 
+/// Element offsets of a View as (stride, extent) pairs, largest stride first, extent-1 dims dropped.
+template <class View>
+std::vector<std::pair<long, long>> stride_extents(const View& x) {
+  std::vector<std::pair<long, long>> se;
+  for (unsigned r = 0; r < View::rank; ++r)
+    if (x.extent(r) > 1) se.emplace_back(static_cast<long>(x.stride(r)), static_cast<long>(x.extent(r)));
+  std::sort(se.begin(), se.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return se;
+}
+
+/// Is delta = Σ e_k·s_k for integers |e_k| < n_k? Exact for nested strides (each stride larger than the
+/// reach of all smaller ones), where at most two digits are possible per level.
+inline bool representable(const std::vector<std::pair<long, long>>& se, std::size_t k, long delta) {
+  if (k == se.size()) return delta == 0;
+  long reach = 0;  // largest |Σ_{m>k} e_m s_m|
+  for (std::size_t m = k + 1; m < se.size(); ++m) reach += (se[m].second - 1) * se[m].first;
+  const long s = se[k].first;
+  const long lo = delta >= 0 ? delta / s : -((-delta + s - 1) / s);  // floor(delta / s)
+  for (long e : {lo, lo + 1}) {
+    if (e <= -se[k].second || e >= se[k].second) continue;
+    const long rem = delta - e * s;
+    if (rem >= -reach && rem <= reach && representable(se, k + 1, rem)) return true;
+  }
+  return false;
+}
+
+/// True when two Views may share an element. Exact for Views with the same element size and strides in a
+/// nested layout (e.g. the q, k, v slices of one packed QKV tensor, which interleave without sharing);
+/// otherwise conservative: any overlap of their byte ranges counts.
 template <class A, class B>
 bool overlaps(const A& a, const B& b) {
-  if (a.span() == 0 || b.span() == 0 || a.data() == nullptr || b.data() == nullptr) return false;
+  if (a.size() == 0 || b.size() == 0 || a.data() == nullptr || b.data() == nullptr) return false;
   const auto ra = byte_range(a);
   const auto rb = byte_range(b);
-  return ra.first < rb.second && rb.first < ra.second;
+  if (!(ra.first < rb.second && rb.first < ra.second)) return false;
+  constexpr std::size_t ea = sizeof(typename A::value_type), eb = sizeof(typename B::value_type);
+  if (ea != eb || static_cast<int>(A::rank) != static_cast<int>(B::rank)) return true;
+  for (unsigned r = 0; r < A::rank; ++r)
+    if (a.stride(r) != b.stride(r) || a.extent(r) != b.extent(r)) return true;
+  const auto se = stride_extents(a);
+  for (std::size_t k = 0; k + 1 < se.size(); ++k) {
+    long reach = 0;
+    for (std::size_t m = k + 1; m < se.size(); ++m) reach += (se[m].second - 1) * se[m].first;
+    if (se[k].first <= reach) return true;  // not nested: stay conservative
+  }
+  const long diff = static_cast<long>(rb.first) - static_cast<long>(ra.first);
+  if (diff % static_cast<long>(ea) != 0) return true;
+  return representable(se, 0, diff / static_cast<long>(ea));
 }
 
 inline std::string extents_string(std::initializer_list<std::size_t> e) {

@@ -31,6 +31,16 @@ struct KeyMask {
     const long e = right < 0 ? seq_k : (i_end - 1) + offset + right + 1;
     return e > seq_k ? seq_k : e;
   }
+  /// First query row that sees any key of [j_begin, j_end) (clamped to 0).
+  KOKKOS_INLINE_FUNCTION long query_begin(long j_begin) const {
+    const long b = right < 0 ? 0 : j_begin - offset - right;
+    return b < 0 ? 0 : b;
+  }
+  /// One past the last query row that sees any key of [j_begin, j_end), clamped to seq_q.
+  KOKKOS_INLINE_FUNCTION long query_end(long j_end, long seq_q) const {
+    const long e = left < 0 ? seq_q : (j_end - 1) + left - offset + 1;
+    return e > seq_q ? seq_q : e;
+  }
   /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
   KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
     return j_end <= seq_k && (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
