@@ -6,77 +6,11 @@
 //
 // GFLOP/s count 4·B·H·N²·d (halved for causal). Memory is the high-water of Kokkos allocations made
 // during the call (Kokkos Tools callbacks), on top of the inputs and outputs. Fences before every timer.
-#include <Kokkos_Random.hpp>
-#include <kfa/kfa.hpp>
-
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <map>
-#include <mutex>
-#include <sstream>
-#include <string>
-#include <vector>
 
-namespace {
+#include "bench_common.hpp"
 
-using Exec = Kokkos::DefaultExecutionSpace;
-using Mem = Exec::memory_space;
-
-std::mutex g_mu;
-std::int64_t g_live = 0, g_peak = 0;
-std::map<const void*, std::uint64_t> g_sizes;
-void on_alloc(Kokkos::Profiling::SpaceHandle, const char*, const void* p, std::uint64_t n) {
-  std::lock_guard<std::mutex> l(g_mu);
-  g_sizes[p] = n;
-  g_live += n;
-  g_peak = std::max(g_peak, g_live);
-}
-void on_free(Kokkos::Profiling::SpaceHandle, const char*, const void* p, std::uint64_t n) {
-  std::lock_guard<std::mutex> l(g_mu);
-  g_live -= n;
-  g_sizes.erase(p);
-}
-void reset_peak() {
-  std::lock_guard<std::mutex> l(g_mu);
-  g_live = 0;
-  g_peak = 0;
-}
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
-
-template <class F>
-double median_seconds(int reps, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    Exec().fence();
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    Exec().fence();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// KokkosBlas::gemm rate (GFLOP/s) on square float matrices of size n.
-double gemm_ceiling(int n, int reps) {
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> a("bench::a", n, n), b("bench::b", n, n), c("bench::c", n, n);
-  Kokkos::Random_XorShift64_Pool<Exec> pool(7);
-  Kokkos::fill_random(a, pool, -1.0f, 1.0f);
-  Kokkos::fill_random(b, pool, -1.0f, 1.0f);
-  kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c);  // warm-up
-  const double s = median_seconds(reps, [&] { kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c); });
-  return 2.0 * n * double(n) * n / s * 1e-9;
-}
-
-}  // namespace
+using namespace kfa_bench;
 
 int main(int argc, char** argv) {
   std::vector<int> ns{512, 1024, 2048, 4096, 8192, 16384}, ds{64, 128};
@@ -106,8 +40,7 @@ int main(int argc, char** argv) {
     }
   }
   Kokkos::ScopeGuard guard(argc, argv);
-  Kokkos::Tools::Experimental::set_allocate_data_callback(on_alloc);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(on_free);
+  track_memory(true);
 
   const double ceiling = gemm_ceiling(gemm_n, reps);
   std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
@@ -135,12 +68,12 @@ int main(int argc, char** argv) {
         kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up
         reset_peak();
         const double tk = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
-        const double mem_k = g_peak / 1048576.0;
+        const double mem_k = peak_mib();
         double tr = 0, mem_r = 0;
         if (reference && n <= ref_max_n) {
           reset_peak();
           tr = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
-          mem_r = g_peak / 1048576.0;
+          mem_r = peak_mib();
         }
         const std::string tiles = kfa::to_string(kfa::forward_tile_config(Exec(), q, k, opts));
         const double gk = flops / tk * 1e-9, gr = tr > 0 ? flops / tr * 1e-9 : 0;
@@ -153,7 +86,6 @@ int main(int argc, char** argv) {
                       tiles.c_str(), tk, gk, gk / ceiling, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k, mem_r);
         std::fflush(stdout);
       }
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
+  track_memory(false);
   return 0;
 }

@@ -58,6 +58,30 @@ TEST_F(Probe, ForwardAtSeq16kAllocatesNothingQuadratic) {
   for (int c = 0; c < d; ++c) ASSERT_TRUE(std::isfinite(oh(0, n - 1, 0, c)));
 }
 
+TEST_F(Probe, ForwardBackwardAtSeq16kAllocatesNothingQuadratic) {
+  using T = float;
+  const int n = 16384, d = 16;
+  Tensor<T> q("q", 1, n, 1, d), k("k", 1, n, 1, d), v("v", 1, n, 1, d), o("o", 1, n, 1, d), d_o("do", 1, n, 1, d);
+  Tensor<T> dq("dq", 1, n, 1, d), dk("dk", 1, n, 1, d), dv("dv", 1, n, 1, d);
+  Lse<T> lse("lse", 1, 1, n);
+  std::mt19937_64 rng(fresh_seed());
+  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
+  poison(dq), poison(dk), poison(dv);
+  kfa::AttentionOptions opts;
+  opts.causal = true;
+  reset();
+  kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+  kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
+  Exec().fence();
+  const std::uint64_t quadratic = std::uint64_t(n) * n;
+  EXPECT_LT(g_total, quadratic / 4) << "total " << g_total << " B; largest: " << g_largest << " B '"
+                                    << g_largest_label << "'";
+  for (const auto* x : {&dq, &dk, &dv}) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), *x);
+    for (int c = 0; c < d; ++c) ASSERT_TRUE(std::isfinite(h(0, n / 2, 0, c)));
+  }
+}
+
 TEST_F(Probe, MaterializedReferenceIsCaught) {
   using T = float;
   const int n = 2048, d = 16;

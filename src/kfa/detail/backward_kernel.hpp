@@ -249,19 +249,30 @@ struct DqKernel {
       team.team_barrier();
       const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+        // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
+        // branches so that it vectorizes across the W rows on host.
         const int ib = chunk * W;
-        const Acc inv = softcap > Acc(0) ? Acc(1) / softcap : Acc(0);
+        if (softcap > Acc(0)) {
+          const Acc inv = Acc(1) / softcap;
+          for (int j = 0; j < bk; ++j)
+            for (int x = 0; x < W; ++x) {
+              const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
+              const bool vis = j < cols && (!need_mask || mask.visible(i0 + ib + x, j0 + j));
+              const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
+              dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
+            }
+          return;
+        }
+        if (need_mask)
+          for (int j = 0; j < bk; ++j)
+            for (int x = 0; x < W; ++x) {
+              const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+              st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
+            }
         for (int j = 0; j < bk; ++j)
           for (int x = 0; x < W; ++x) {
-            Acc sv = st[j * bq + ib + x], deriv = Acc(1);
-            if (softcap > Acc(0)) {
-              const Acc t = compat::tanh(sv * inv);
-              sv = softcap * t;
-              deriv = Acc(1) - t * t;
-            }
-            const bool vis = j < cols && (!need_mask || mask.visible(i0 + ib + x, j0 + j));
-            const Acc p = vis ? fast_exp(sv - lrow[ib + x]) : Acc(0);
-            dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * deriv;
+            const Acc p = fast_exp(st[j * bq + ib + x] - lrow[ib + x]);
+            dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]);
           }
       });
       team.team_barrier();

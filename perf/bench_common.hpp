@@ -1,0 +1,78 @@
+#pragma once
+// Helpers shared by the benchmarks: Kokkos Tools memory high-water, median timing with fences, the
+// KokkosBlas::gemm ceiling of the same backend, argument lists.
+#include <Kokkos_Random.hpp>
+#include <kfa/kfa.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace kfa_bench {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+
+// High-water of Kokkos allocations made after reset_peak() (labels and sizes from Kokkos Tools).
+inline std::mutex g_mu;
+inline std::int64_t g_live = 0, g_peak = 0;
+inline void on_alloc(Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uint64_t n) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_live += static_cast<std::int64_t>(n);
+  g_peak = std::max(g_peak, g_live);
+}
+inline void on_free(Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uint64_t n) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_live -= static_cast<std::int64_t>(n);
+}
+inline void track_memory(bool on) {
+  Kokkos::Tools::Experimental::set_allocate_data_callback(on ? on_alloc : nullptr);
+  Kokkos::Tools::Experimental::set_deallocate_data_callback(on ? on_free : nullptr);
+}
+inline void reset_peak() {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_live = 0;
+  g_peak = 0;
+}
+inline double peak_mib() { return g_peak / 1048576.0; }
+
+inline std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+// Median wall time of `reps` calls, with a fence before starting and before stopping each timer.
+template <class F>
+double median_seconds(int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    Exec().fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    Exec().fence();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// KokkosBlas::gemm rate (GFLOP/s) on square float matrices of size n, same backend and threads.
+inline double gemm_ceiling(int n, int reps) {
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> a("bench::a", n, n), b("bench::b", n, n), c("bench::c", n, n);
+  Kokkos::Random_XorShift64_Pool<Exec> pool(7);
+  Kokkos::fill_random(a, pool, -1.0f, 1.0f);
+  Kokkos::fill_random(b, pool, -1.0f, 1.0f);
+  kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c);  // warm-up
+  const double s = median_seconds(reps, [&] { kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c); });
+  return 2.0 * n * double(n) * n / s * 1e-9;
+}
+
+}  // namespace kfa_bench
