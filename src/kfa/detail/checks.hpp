@@ -64,6 +64,24 @@ inline bool representable(const std::vector<std::pair<long, long>>& se, std::siz
   return false;
 }
 
+/// overlaps() for two Views of one element size and rank whose byte ranges intersect; b starts
+/// `diff_bytes` after a.
+template <class A, class B>
+bool same_shape_overlap(const A& a, const B& b, std::uintptr_t diff_bytes_unsigned) {
+  constexpr std::size_t ea = sizeof(typename A::value_type);
+  for (unsigned r = 0; r < A::rank; ++r)
+    if (a.stride(r) != b.stride(r) || a.extent(r) != b.extent(r)) return true;
+  const auto se = stride_extents(a);
+  for (std::size_t k = 0; k + 1 < se.size(); ++k) {
+    long reach = 0;
+    for (std::size_t m = k + 1; m < se.size(); ++m) reach += (se[m].second - 1) * se[m].first;
+    if (se[k].first <= reach) return true;  // not nested: stay conservative
+  }
+  const long diff = static_cast<long>(diff_bytes_unsigned);
+  if (diff % static_cast<long>(ea) != 0) return true;
+  return representable(se, 0, diff / static_cast<long>(ea));
+}
+
 /// True when two Views may share an element. Exact for Views with the same element size and strides in a
 /// nested layout (e.g. the q, k, v slices of one packed QKV tensor, which interleave without sharing);
 /// otherwise conservative: any overlap of their byte ranges counts.
@@ -74,18 +92,11 @@ bool overlaps(const A& a, const B& b) {
   const auto rb = byte_range(b);
   if (!(ra.first < rb.second && rb.first < ra.second)) return false;
   constexpr std::size_t ea = sizeof(typename A::value_type), eb = sizeof(typename B::value_type);
-  if (ea != eb || static_cast<int>(A::rank) != static_cast<int>(B::rank)) return true;
-  for (unsigned r = 0; r < A::rank; ++r)
-    if (a.stride(r) != b.stride(r) || a.extent(r) != b.extent(r)) return true;
-  const auto se = stride_extents(a);
-  for (std::size_t k = 0; k + 1 < se.size(); ++k) {
-    long reach = 0;
-    for (std::size_t m = k + 1; m < se.size(); ++m) reach += (se[m].second - 1) * se[m].first;
-    if (se[k].first <= reach) return true;  // not nested: stay conservative
+  if constexpr (ea != eb || static_cast<int>(A::rank) != static_cast<int>(B::rank)) {
+    return true;
+  } else {
+    return same_shape_overlap(a, b, rb.first - ra.first);
   }
-  const long diff = static_cast<long>(rb.first) - static_cast<long>(ra.first);
-  if (diff % static_cast<long>(ea) != 0) return true;
-  return representable(se, 0, diff / static_cast<long>(ea));
 }
 
 inline std::string extents_string(std::initializer_list<std::size_t> e) {
