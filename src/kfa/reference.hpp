@@ -9,6 +9,23 @@
 
 namespace kfa {
 
+namespace detail {
+/// Applies softcap and mask to row i of a materialized score matrix in place; returns the row maximum
+/// (−inf when the row sees no key).
+template <class Mat, class Acc>
+KOKKOS_INLINE_FUNCTION Acc finish_score_row(const Mat& s, int i, int nk, Acc softcap, const KeyMask& mask) {
+  Acc mx = -compat::infinity<Acc>();
+  for (int j = 0; j < nk; ++j) {
+    Acc x = s(i, j);
+    if (softcap > Acc(0)) x = softcap * compat::tanh(x / softcap);
+    if (!mask.visible(i, j)) x = -compat::infinity<Acc>();
+    s(i, j) = x;
+    mx = x > mx ? x : mx;
+  }
+  return mx;
+}
+}  // namespace detail
+
 /// Materialized attention forward; shapes and options as attention_forward. Allocates [seq_q, seq_k].
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void reference_attention(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
@@ -51,14 +68,7 @@ void reference_attention(const ExecSpace& space, const QV& q, const KV& k, const
       if (nk > 0) compat::gemm(space, "N", "T", scale, qh, kh, Acc(0), s);
       Kokkos::parallel_for(
           "kfa::reference_attention::softmax", Kokkos::RangePolicy<ExecSpace>(space, 0, nq), KOKKOS_LAMBDA(const int i) {
-            Acc mx = -compat::infinity<Acc>();
-            for (int j = 0; j < nk; ++j) {
-              Acc x = s(i, j);
-              if (softcap > Acc(0)) x = softcap * compat::tanh(x / softcap);
-              if (!mask.visible(i, j)) x = -compat::infinity<Acc>();
-              s(i, j) = x;
-              mx = x > mx ? x : mx;
-            }
+            const Acc mx = detail::finish_score_row(s, i, nk, softcap, mask);
             Acc sum = 0;
             for (int j = 0; j < nk; ++j) {
               const Acc p = mx == -compat::infinity<Acc>() ? Acc(0) : compat::exp(s(i, j) - mx);
@@ -141,14 +151,7 @@ void reference_attention_backward(const ExecSpace& space, const QV& q, const KV&
         Kokkos::parallel_for(
             "kfa::reference_attention_backward::softmax", Kokkos::RangePolicy<ExecSpace>(space, 0, nq),
             KOKKOS_LAMBDA(const int i) {
-              Acc mx = -compat::infinity<Acc>();
-              for (int j = 0; j < nk; ++j) {
-                Acc x = s(i, j);
-                if (softcap > Acc(0)) x = softcap * compat::tanh(x / softcap);
-                if (!mask.visible(i, j)) x = -compat::infinity<Acc>();
-                s(i, j) = x;
-                mx = x > mx ? x : mx;
-              }
+              const Acc mx = detail::finish_score_row(s, i, nk, softcap, mask);
               Acc sum = 0;
               for (int j = 0; j < nk; ++j) {
                 p(i, j) = mx == -compat::infinity<Acc>() ? Acc(0) : compat::exp(s(i, j) - mx);

@@ -22,6 +22,24 @@ using Tensor = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
 template <class T>
 using Lse = Kokkos::View<kfa::accumulator_t<T>***, Kokkos::LayoutRight, Mem>;
 
+// Every element type this Kokkos build has as a distinct type, for typed tests.
+using Dtypes = ::testing::Types<double, float
+#if KFA_HAS_HALF
+                                ,
+                                kfa::compat::half_t
+#endif
+#if KFA_HAS_BHALF
+                                ,
+                                kfa::compat::bhalf_t
+#endif
+                                >;
+struct DtypeNames {
+  template <class T>
+  static std::string GetName(int) {
+    return kfa::dtype_name<T>();
+  }
+};
+
 // Relative Frobenius error allowed for outputs, per element type (from the contract).
 template <class T>
 double tolerance() {

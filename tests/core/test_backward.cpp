@@ -6,22 +6,6 @@ using namespace kfa_test;
 
 template <class T>
 class Backward : public ::testing::Test {};
-using Dtypes = ::testing::Types<double, float
-#if KFA_HAS_HALF
-                                ,
-                                kfa::compat::half_t
-#endif
-#if KFA_HAS_BHALF
-                                ,
-                                kfa::compat::bhalf_t
-#endif
-                                >;
-struct DtypeNames {
-  template <class T>
-  static std::string GetName(int) {
-    return kfa::dtype_name<T>();
-  }
-};
 TYPED_TEST_SUITE(Backward, Dtypes, DtypeNames);
 
 namespace {

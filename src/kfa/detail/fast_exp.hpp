@@ -30,9 +30,10 @@ KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  std::int32_t tb;
+  // Unsigned arithmetic: for NaN input t's bits are arbitrary and must wrap, not overflow.
+  std::uint32_t tb;
   std::memcpy(&tb, &t, sizeof(tb));
-  const std::int32_t bits = (tb - 0x4B400000 + 127) * (1 << 23);
+  const std::uint32_t bits = (tb - 0x4B400000u + 127u) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   const float y = p * two_n;
@@ -66,10 +67,10 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  std::int64_t tb, mb;
+  std::uint64_t tb, mb;
   std::memcpy(&tb, &t, sizeof(tb));
   std::memcpy(&mb, &magic, sizeof(mb));
-  const std::int64_t bits = (tb - mb + 1023) * (std::int64_t(1) << 52);
+  const std::uint64_t bits = (tb - mb + 1023u) << 52;
   double two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   const double y = p * two_n;
