@@ -102,6 +102,35 @@ TileConfig forward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
                                              static_cast<long>(q.extent(0) * q.extent(2)), opts);
 }
 
+namespace detail {
+/// attention_forward after its checks, for a block at `pos` of a longer sequence (the ring layer's entry).
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                  const LV& lse, const AttentionOptions& opts, const Positions& pos) {
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  const TileConfig tiles = forward_tile_config(space, q, k, opts);
+  if (opts.block_q > 0 && tiles.scratch_l1 > static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1)))
+    fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1, " B of level-1 scratch, more than the backend's ",
+         Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+  const std::string path = "portable";
+  compat::ScopedRegion region(std::string(fn) + "[" + path + "," + dtype_name<T>() + ",d" +
+                              std::to_string(q.extent(3)) + "," + to_string(tiles) + "]");
+  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+
+  const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
+                     opts.window_left, opts.window_right);
+  using Kernel = ForwardKernel<ExecSpace, QV, KV, VV, OV, LV>;
+  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(resolved_scale<T>(opts, q.extent(3))),
+                      static_cast<Acc>(opts.softcap), mask, tiles);
+  const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
+  if (league > 2147483647L) fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+  Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), tiles.team_size);
+  policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
+  Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
+}
+}  // namespace detail
+
 /// Exact attention forward. q [batch, seq_q, heads_q, d]; k, v [batch, seq_k, heads_kv, d];
 /// o [batch, seq_q, heads_q, d] (output); lse [batch, heads_q, seq_q] (output, natural-log log-sum-exp of
 /// the scaled, softcapped, masked scores; −inf for a row that sees no key, whose o row is 0).
@@ -112,27 +141,7 @@ void attention_forward(const ExecSpace& space, const QV& q, const KV& k, const V
   detail::static_check_forward<ExecSpace, QV, KV, VV, OV, LV>();
   constexpr const char* fn = "kfa::attention_forward";
   detail::check_forward(fn, q, k, v, o, lse, opts);
-  using T = typename QV::non_const_value_type;
-  using Acc = accumulator_t<T>;
-  const TileConfig tiles = forward_tile_config(space, q, k, opts);
-  if (opts.block_q > 0 && tiles.scratch_l1 > static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1)))
-    detail::fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1,
-                 " B of level-1 scratch, more than the backend's ", Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  const std::string path = "portable";
-  compat::ScopedRegion region(std::string(fn) + "[" + path + "," + dtype_name<T>() + ",d" +
-                              std::to_string(q.extent(3)) + "," + to_string(tiles) + "]");
-  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
-
-  const detail::KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), opts.causal,
-                             opts.window_left, opts.window_right);
-  using Kernel = detail::ForwardKernel<ExecSpace, QV, KV, VV, OV, LV>;
-  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(detail::resolved_scale<T>(opts, q.extent(3))),
-                      static_cast<Acc>(opts.softcap), mask, tiles);
-  const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
-  if (league > 2147483647L) detail::fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
-  Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), tiles.team_size);
-  policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
-  Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
+  detail::forward_impl(fn, space, q, k, v, o, lse, opts, detail::Positions{});
 }
 
 /// Tiles attention_backward would use for these inputs on `space` (see BackwardTileConfig).
@@ -145,6 +154,65 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, con
                                               static_cast<long>(q.extent(0) * q.extent(2)),
                                               static_cast<long>(k.extent(0) * k.extent(2)), opts);
 }
+
+namespace detail {
+/// attention_backward after its checks, for a block at `pos` of a longer sequence (lse and o of the whole
+/// rows, so P and D are exact): overwrites dq, dk, dv with this block's contributions.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
+          class DVV>
+void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                   const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
+                   const AttentionOptions& opts, const Positions& pos) {
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  const BackwardTileConfig tiles = backward_tile_config(space, q, k, opts);
+  const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+  if (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max)
+    fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
+                 " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
+  compat::ScopedRegion region(std::string(fn) + "[portable," + dtype_name<T>() + ",d" + std::to_string(q.extent(3)) +
+                              "," + to_string(tiles) + "]");
+  const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
+  const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
+  if (batch == 0) return;
+  if (hq == 0) {  // no query head uses k and v: their gradients are zero
+    zero4(space, dk, "kfa::attention_backward::zero_dk");
+    zero4(space, dv, "kfa::attention_backward::zero_dv");
+    return;
+  }
+
+  const Acc scale = static_cast<Acc>(resolved_scale<T>(opts, q.extent(3)));
+  const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
+  Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
+  using DD = decltype(dd);
+  if (nq > 0)
+    Kokkos::parallel_for("kfa::attention_backward::D",
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
+                         RowDotKernel<ExecSpace, OV, DOV, DD>{o, d_o, dd});
+
+  if (nk > 0) {
+    using K1 = DkDvKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, static_cast<Acc>(opts.softcap), mask, tiles.dkdv);
+    const long league = static_cast<long>(batch) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    if (league > 2147483647L) fail(fn, ": batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+    Kokkos::TeamPolicy<ExecSpace> p1(space, static_cast<int>(league), tiles.dkdv.team_size);
+    p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
+        .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
+    Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
+  }
+  if (nq > 0) {
+    using K2 = DqKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DQV>;
+    const K2 k2(q, k, v, d_o, lse, dd, dq, scale, static_cast<Acc>(opts.softcap), mask, tiles.dq);
+    const long league = static_cast<long>(batch) * hq * k2.n_qblocks;
+    if (league > 2147483647L) fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+    Kokkos::TeamPolicy<ExecSpace> p2(space, static_cast<int>(league), tiles.dq.team_size);
+    p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
+    Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
+  }
+}
+
+}  // namespace detail
 
 /// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv
 /// [batch, seq_k, heads_kv, d] (outputs, overwritten) from q, k, v, the forward's o and lse, and d_o
@@ -159,53 +227,7 @@ void attention_backward(const ExecSpace& space, const QV& q, const KV& k, const 
   detail::static_check_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV>();
   constexpr const char* fn = "kfa::attention_backward";
   detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts);
-  using T = typename QV::non_const_value_type;
-  using Acc = accumulator_t<T>;
-  const BackwardTileConfig tiles = backward_tile_config(space, q, k, opts);
-  const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  if (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max)
-    detail::fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
-                 " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
-  compat::ScopedRegion region(std::string(fn) + "[portable," + dtype_name<T>() + ",d" + std::to_string(q.extent(3)) +
-                              "," + to_string(tiles) + "]");
-  const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
-  const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
-  if (batch == 0) return;
-  if (hq == 0) {  // no query head uses k and v: their gradients are zero
-    detail::zero4(space, dk, "kfa::attention_backward::zero_dk");
-    detail::zero4(space, dv, "kfa::attention_backward::zero_dv");
-    return;
-  }
-
-  const Acc scale = static_cast<Acc>(detail::resolved_scale<T>(opts, q.extent(3)));
-  const detail::KeyMask mask(nq, nk, opts.causal, opts.window_left, opts.window_right);
-  Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
-      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
-  using DD = decltype(dd);
-  if (nq > 0)
-    Kokkos::parallel_for("kfa::attention_backward::D",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
-                         detail::RowDotKernel<ExecSpace, OV, DOV, DD>{o, d_o, dd});
-
-  if (nk > 0) {
-    using K1 = detail::DkDvKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, static_cast<Acc>(opts.softcap), mask, tiles.dkdv);
-    const long league = static_cast<long>(batch) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-    if (league > 2147483647L) detail::fail(fn, ": batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
-    Kokkos::TeamPolicy<ExecSpace> p1(space, static_cast<int>(league), tiles.dkdv.team_size);
-    p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
-        .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
-    Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
-  }
-  if (nq > 0) {
-    using K2 = detail::DqKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DQV>;
-    const K2 k2(q, k, v, d_o, lse, dd, dq, scale, static_cast<Acc>(opts.softcap), mask, tiles.dq);
-    const long league = static_cast<long>(batch) * hq * k2.n_qblocks;
-    if (league > 2147483647L) detail::fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
-    Kokkos::TeamPolicy<ExecSpace> p2(space, static_cast<int>(league), tiles.dq.team_size);
-    p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
-    Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
-  }
+  detail::backward_impl(fn, space, q, k, v, o, d_o, lse, dq, dk, dv, opts, detail::Positions{});
 }
 
 }  // namespace kfa

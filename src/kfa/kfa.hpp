@@ -4,6 +4,7 @@
 #include <kfa/compat.hpp>
 #include <kfa/config.hpp>
 #include <kfa/error.hpp>
+#include <kfa/merge.hpp>
 #include <kfa/online_softmax.hpp>
 #include <kfa/options.hpp>
 #include <kfa/reference.hpp>

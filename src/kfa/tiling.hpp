@@ -110,7 +110,8 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
     // of the machine a few teams.
     const long want_teams = 4L * static_cast<long>(space.concurrency()) / t.team_size;
     int bq = static_cast<int>(std::min<long>(64, std::max<long>(8, (seq_q + 7) / 8 * 8)));
-    while (bq > 16 && batch_heads * ((seq_q + bq - 1) / bq) < want_teams) bq /= 2;
+    // Halve, staying a multiple of 8: the kernel's row loops and micro-tiles step by 8 rows.
+    while (bq > 16 && batch_heads * ((seq_q + bq - 1) / bq) < want_teams) bq = std::max(16, (bq / 2 + 7) / 8 * 8);
     t.block_q = bq;
   }
   const detail::ForwardScratchLayout lay(t.block_q, t.block_k, head_dim, eb);
@@ -195,7 +196,7 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
     }
     const long want = 4L * static_cast<long>(space.concurrency()) / team_size;
     int n = static_cast<int>(std::min<long>(64, std::max<long>(8, (extent + 7) / 8 * 8)));
-    while (n > 16 && batch_heads * ((extent + n - 1) / n) < want) n /= 2;
+    while (n > 16 && batch_heads * ((extent + n - 1) / n) < want) n = std::max(16, (n / 2 + 7) / 8 * 8);
     return n;
   };
   BackwardTileConfig t;

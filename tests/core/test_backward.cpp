@@ -73,6 +73,10 @@ TYPED_TEST(Backward, UnequalSequenceLengths) {
     }
 }
 
+TYPED_TEST(Backward, ShrunkBlocks) {
+  for (int n : {19, 23, 40, 41}) check_backward<TypeParam>({1, n, n + 3, 2, 1, 16}, {});
+}
+
 TYPED_TEST(Backward, HeadDims) {
   for (int d : {8, 24, 40, 64, 96, 128, 160, 256}) check_backward<TypeParam>({1, 65, 100, 2, 2, d}, {});
 }

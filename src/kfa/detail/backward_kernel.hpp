@@ -141,8 +141,8 @@ struct DkDvKernel {
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](const int j) {
-      for (int c = 0; c < d; ++c) dk(b, j0 + j, hk, c) = static_cast<T>(dka[j * d + c]);
-      for (int c = 0; c < d; ++c) dv(b, j0 + j, hk, c) = static_cast<T>(dva[j * d + c]);
+      for (int c = 0; c < d; ++c) dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c]);
+      for (int c = 0; c < d; ++c) dv(b, j0 + j, hk, c) = static_cast<typename DVV::non_const_value_type>(dva[j * d + c]);
     });
   }
 
@@ -280,7 +280,7 @@ struct DqKernel {
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
-      for (int c = 0; c < d; ++c) dq(b, i0 + r, h, c) = static_cast<T>(dqa[r * d + c] * scale);
+      for (int c = 0; c < d; ++c) dq(b, i0 + r, h, c) = static_cast<typename DQV::non_const_value_type>(dqa[r * d + c] * scale);
     });
   }
 };

@@ -18,6 +18,7 @@ template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 struct ForwardKernel {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
+  using OutT = typename OV::non_const_value_type;  // T, or Acc for the ring layer's partials
   using policy_type = Kokkos::TeamPolicy<ExecSpace>;
   using member_type = typename policy_type::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
@@ -141,7 +142,7 @@ struct ForwardKernel {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
       const Acc l = lrow[r];
       const Acc inv = l > Acc(0) ? Acc(1) / l : Acc(0);
-      for (int c = 0; c < d; ++c) o(b, i0 + r, h, c) = static_cast<T>(ot[r * d + c] * inv);
+      for (int c = 0; c < d; ++c) o(b, i0 + r, h, c) = static_cast<OutT>(ot[r * d + c] * inv);
       lse(b, h, i0 + r) = SoftmaxState<Acc>{mrow[r], lrow[r]}.lse();
     });
   }

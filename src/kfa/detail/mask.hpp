@@ -5,8 +5,20 @@
 namespace kfa {
 namespace detail {
 
+/// Where a block of queries and keys sits in the whole sequence: the global position of its first query
+/// and first key, and the global lengths that fix the bottom-right alignment. The default (negative
+/// totals) means the block is the whole sequence. The MPI ring layer passes its shards' positions here.
+struct Positions {
+  long q_begin = 0;
+  long k_begin = 0;
+  long q_total = -1;
+  long k_total = -1;
+};
+
 /// Query i sees key j iff j < seq_k and i + offset − left ≤ j ≤ i + offset + right, where offset =
 /// seq_k − seq_q (bottom-right alignment) and left/right < 0 mean unbounded. Causal is right = 0.
+/// For a block of a longer sequence, i and j stay local and the block's global positions fold into
+/// offset = (k_total − q_total) + q_begin − k_begin.
 struct KeyMask {
   long seq_k = 0;
   long offset = 0;
@@ -17,6 +29,12 @@ struct KeyMask {
   KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right)
       : seq_k(seq_k_), offset(seq_k_ - seq_q_), left(window_left), right(window_right) {
     if (causal) right = 0;  // causal and a window combine as FlashAttention does: window (left, 0)
+  }
+  KeyMask(long seq_q_, long seq_k_, const Positions& p, bool causal, long window_left, long window_right)
+      : KeyMask(seq_q_, seq_k_, causal, window_left, window_right) {
+    const long q_total = p.q_total < 0 ? seq_q_ : p.q_total;
+    const long k_total = p.k_total < 0 ? seq_k_ : p.k_total;
+    offset = (k_total - q_total) + p.q_begin - p.k_begin;
   }
   KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
     return j >= 0 && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);

@@ -1,0 +1,237 @@
+// Ring attention on P ranks against the tests' float64 attention over the whole sequence, which every
+// rank computes from the same global tensors (seed broadcast from rank 0, fresh every run).
+#include <kfa/dist/dist.hpp>
+
+#include "../common/kfa_test.hpp"
+
+using namespace kfa_test;
+using kfa::dist::Layout;
+
+namespace {
+
+int world_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int p;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p;
+}
+std::uint64_t shared_seed() {
+  std::uint64_t s = world_rank() == 0 ? fresh_seed() : 0;
+  MPI_Bcast(&s, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return s;
+}
+
+// Rows of a [b, n, h, d] flat array (or [b, h, n] for lse) picked by the segments, in local order.
+std::vector<double> take_rows4(const std::vector<double>& g, const Shape& s, int heads, long n_total,
+                               const std::vector<kfa::dist::Segment>& segs) {
+  std::vector<double> out;
+  for (int b = 0; b < s.batch; ++b)
+    for (const auto& sg : segs)
+      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i)
+        for (int x = 0; x < heads * s.head_dim; ++x) out.push_back(g[(size_t(b) * n_total + i) * heads * s.head_dim + x]);
+  return out;
+}
+std::vector<double> take_rows3(const std::vector<double>& g, const Shape& s, long n_total,
+                               const std::vector<kfa::dist::Segment>& segs) {
+  std::vector<double> out;
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads_q; ++h)
+      for (const auto& sg : segs)
+        for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i)
+          out.push_back(g[(size_t(b) * s.heads_q + h) * n_total + i]);
+  return out;
+}
+// Local shard View holding the given global rows.
+template <class T>
+Tensor<T> shard(const Tensor<T>& g, const std::vector<kfa::dist::Segment>& segs) {
+  long n = 0;
+  for (const auto& sg : segs) n += sg.length;
+  Tensor<T> out("shard", g.extent(0), n, g.extent(2), g.extent(3));
+  for (const auto& sg : segs)
+    Kokkos::deep_copy(
+        Kokkos::subview(out, Kokkos::ALL, std::make_pair(sg.local_begin, sg.local_begin + sg.length), Kokkos::ALL,
+                        Kokkos::ALL),
+        Kokkos::subview(g, Kokkos::ALL, std::make_pair(sg.global_begin, sg.global_begin + sg.length), Kokkos::ALL,
+                        Kokkos::ALL));
+  return out;
+}
+
+struct Case {
+  Layout layout;
+  RefOptions ro;
+  Shape s;                        // seq_q = seq_k = total length
+  std::vector<long> explicit_len;  // contiguous only: per-rank lengths (empty: even cut)
+};
+
+std::vector<kfa::dist::Segment> segments_for(const Case& c, long n, int p, int r) {
+  if (c.layout == Layout::contiguous && !c.explicit_len.empty()) {
+    long b = 0;
+    for (int x = 0; x < r; ++x) b += c.explicit_len[x];
+    return {{b, c.explicit_len[r], 0}};
+  }
+  return kfa::dist::shard_of(c.layout, n, p, r);
+}
+
+template <class T>
+void check_ring(const Case& c, bool backward) {
+  const int p = world_size(), r = world_rank();
+  const std::uint64_t seed = shared_seed();
+  const Shape& s = c.s;
+  SCOPED_TRACE(describe(s, c.ro, seed) + " layout " + kfa::dist::to_string(c.layout) + " P " + std::to_string(p));
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim);
+  const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng), doh = fill_random(d_o, rng);
+  const auto segs = segments_for(c, s.seq_q, p, r);
+  auto ql = shard(q, segs), kl = shard(k, segs), vl = shard(v, segs), dol = shard(d_o, segs);
+  const long n = ql.extent(1);
+  Tensor<T> o("o", s.batch, n, s.heads_q, s.head_dim);
+  Lse<T> lse("lse", s.batch, s.heads_q, n);
+  poison(o), poison(lse);
+  kfa::dist::Ring ring(MPI_COMM_WORLD, c.layout);
+  const kfa::AttentionOptions opts = to_kfa(c.ro);
+  kfa::dist::ring_attention_forward(Exec(), ring, ql, kl, vl, o, lse, opts);
+  std::vector<double> oref, lref;
+  reference_forward64(s, c.ro, qh, kh, vh, oref, lref);
+  EXPECT_TRUE(close_frobenius(to_doubles4(o), take_rows4(oref, s, s.heads_q, s.seq_q, segs), tolerance<T>()));
+  EXPECT_TRUE(close_lse(to_doubles3(lse), take_rows3(lref, s, s.seq_q, segs), tolerance<kfa::accumulator_t<T>>()));
+  if (!backward) return;
+  Tensor<T> dq("dq", s.batch, n, s.heads_q, s.head_dim), dk("dk", s.batch, n, s.heads_kv, s.head_dim),
+      dv("dv", s.batch, n, s.heads_kv, s.head_dim);
+  poison(dq), poison(dk), poison(dv);
+  kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, dol, lse, dq, dk, dv, opts);
+  std::vector<double> rdq, rdk, rdv;
+  reference_backward64(s, c.ro, qh, kh, vh, doh, rdq, rdk, rdv);
+  EXPECT_TRUE(close_frobenius(to_doubles4(dq), take_rows4(rdq, s, s.heads_q, s.seq_q, segs), tolerance<T>())) << "dq";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dk), take_rows4(rdk, s, s.heads_kv, s.seq_k, segs), tolerance<T>())) << "dk";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dv), take_rows4(rdv, s, s.heads_kv, s.seq_k, segs), tolerance<T>())) << "dv";
+  // Deterministic for a fixed P and layout: a second backward is bitwise equal.
+  Tensor<T> dq2("dq2", s.batch, n, s.heads_q, s.head_dim), dk2("dk2", s.batch, n, s.heads_kv, s.head_dim),
+      dv2("dv2", s.batch, n, s.heads_kv, s.head_dim);
+  kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, dol, lse, dq2, dk2, dv2, opts);
+  EXPECT_EQ(to_doubles4(dq), to_doubles4(dq2));
+  EXPECT_EQ(to_doubles4(dk), to_doubles4(dk2));
+}
+
+}  // namespace
+
+template <class T>
+class Ring : public ::testing::Test {};
+using RingDtypes = ::testing::Types<double, float>;
+TYPED_TEST_SUITE(Ring, RingDtypes, DtypeNames);
+
+TYPED_TEST(Ring, ContiguousAndZigzag) {
+  const int p = world_size();
+  for (Layout layout : {Layout::contiguous, Layout::zigzag})
+    for (bool causal : {false, true}) {
+      RefOptions ro;
+      ro.causal = causal;
+      check_ring<TypeParam>({layout, ro, Shape{2, 23 * p + 5, 23 * p + 5, 2, 2, 32}, {}}, true);
+    }
+}
+
+TYPED_TEST(Ring, GroupedQueryAttention) {
+  const int p = world_size();
+  RefOptions ro;
+  ro.causal = true;
+  check_ring<TypeParam>({Layout::zigzag, ro, Shape{1, 31 * p, 31 * p, 4, 1, 32}, {}}, true);
+  check_ring<TypeParam>({Layout::contiguous, {}, Shape{1, 31 * p + 3, 31 * p + 3, 4, 2, 64}, {}}, false);
+}
+
+TYPED_TEST(Ring, SlidingWindowAndSoftcap) {
+  const int p = world_size();
+  RefOptions w;
+  w.window_left = 17, w.window_right = 4;
+  check_ring<TypeParam>({Layout::contiguous, w, Shape{1, 29 * p + 1, 29 * p + 1, 2, 2, 32}, {}}, true);
+  w.causal = true, w.softcap = 3.0;
+  check_ring<TypeParam>({Layout::zigzag, w, Shape{1, 29 * p + 1, 29 * p + 1, 2, 2, 32}, {}}, true);
+}
+
+TYPED_TEST(Ring, UnevenExplicitShards) {
+  const int p = world_size();
+  std::vector<long> len(p);
+  long total = 0;
+  for (int r = 0; r < p; ++r) total += (len[r] = 9 + 13 * r);  // every rank a different length
+  RefOptions ro;
+  ro.causal = true;
+  check_ring<TypeParam>({Layout::contiguous, ro, Shape{1, int(total), int(total), 2, 1, 32}, len}, true);
+}
+
+TEST(RingErrors, MismatchOnOneRankFailsEverywhere) {
+  const int p = world_size(), r = world_rank();
+  kfa::dist::Ring ring(MPI_COMM_WORLD);
+  const int d = (r == p - 1) ? 64 : 32;  // the last rank disagrees on head_dim
+  Tensor<float> q("q", 1, 8, 2, d), k("k", 1, 8, 2, d), v("v", 1, 8, 2, d), o("o", 1, 8, 2, d);
+  Lse<float> lse("lse", 1, 2, 8);
+  if (p > 1) {
+    try {
+      kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse);
+      ADD_FAILURE() << "no exception on rank " << r;
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("head_dim (q.extent(3)) differs across ranks"), std::string::npos) << e.what();
+    }
+  }
+  // A local shape error on one rank: every rank gets the same error naming that rank.
+  Tensor<float> bad_o("bad_o", 1, (r == 0) ? 7 : 8, 2, 32), q2("q2", 1, 8, 2, 32), k2("k2", 1, 8, 2, 32),
+      v2("v2", 1, 8, 2, 32);
+  try {
+    kfa::dist::ring_attention_forward(Exec(), ring, q2, k2, v2, bad_o, lse);
+    ADD_FAILURE() << "no exception on rank " << r;
+  } catch (const kfa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 of " + std::to_string(p) + ": kfa::dist::ring_attention_forward: o.extent(1) = 7"),
+              std::string::npos)
+        << e.what();
+  }
+  // Zigzag needs each rank's two chunks: a wrong length is reported on every rank.
+  kfa::dist::Ring zz(MPI_COMM_WORLD, Layout::zigzag);
+  const long n = (r == 0) ? 5 : 8;
+  Tensor<float> q3("q3", 1, n, 2, 32), k3("k3", 1, n, 2, 32), v3("v3", 1, n, 2, 32), o3("o3", 1, n, 2, 32);
+  Lse<float> l3("l3", 1, 2, n);
+  if (p > 1) EXPECT_THROW(kfa::dist::ring_attention_forward(Exec(), zz, q3, k3, v3, o3, l3), kfa::Error);
+}
+
+// Split-KV partials on every rank (all queries, this rank's keys) merged with MPI_Allreduce and the
+// MergeOp equal attention over all keys.
+TEST(RingMergeOp, AllreduceOfPartialsEqualsFullAttention) {
+  const int p = world_size(), r = world_rank();
+  const std::uint64_t seed = shared_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Shape s{1, 19, 10 * p + 3, 2, 2, 16};
+  Tensor<double> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim);
+  const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
+  const auto segs = kfa::dist::shard_of(Layout::contiguous, s.seq_k, p, r);
+  auto kl = shard(k, segs), vl = shard(v, segs);
+  Tensor<double> o("o", s.batch, s.seq_q, s.heads_q, s.head_dim);
+  Lse<double> lse("lse", s.batch, s.heads_q, s.seq_q);
+  kfa::attention_forward(Exec(), q, kl, vl, o, lse);
+  Exec().fence();
+  auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);
+  auto lh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), lse);
+  const int rows = s.batch * s.seq_q * s.heads_q, n = s.head_dim + 1;
+  std::vector<double> rec(size_t(rows) * n), out(rec.size());
+  for (int i = 0; i < s.seq_q; ++i)
+    for (int h = 0; h < s.heads_q; ++h) {
+      double* x = &rec[(size_t(i) * s.heads_q + h) * n];
+      for (int c = 0; c < s.head_dim; ++c) x[c] = oh(0, i, h, c);
+      x[s.head_dim] = lh(0, h, i);
+    }
+  kfa::dist::MergeOp<double> op(s.head_dim);
+  MPI_Allreduce(rec.data(), out.data(), rows, op.datatype(), op.op(), MPI_COMM_WORLD);
+  std::vector<double> oref, lref, got_o, got_l, want_l;
+  reference_forward64(s, {}, qh, kh, vh, oref, lref);
+  for (int i = 0; i < s.seq_q; ++i)
+    for (int h = 0; h < s.heads_q; ++h) {
+      const double* x = &out[(size_t(i) * s.heads_q + h) * n];
+      got_o.insert(got_o.end(), x, x + s.head_dim);
+      got_l.push_back(x[s.head_dim]);
+      want_l.push_back(lref[size_t(h) * s.seq_q + i]);
+    }
+  EXPECT_TRUE(close_frobenius(got_o, oref, 1e-12));
+  EXPECT_TRUE(close_lse(got_l, want_l, 1e-12));
+}
