@@ -13,6 +13,9 @@
 #include <kfa/dist/shard.hpp>
 
 #include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +61,19 @@ class Ring {
   Layout m_layout;
   bool m_gpu_aware;
   int m_rank = 0, m_size = 1;
+};
+
+/// Per-step timings a ring call can report (pass a RingStats* as the last argument). Collecting them
+/// adds a fence after each step's compute.
+struct RingStepStats {
+  double compute_s = 0;  ///< this step's block computations and merges
+  double wait_s = 0;     ///< time blocked waiting for this step's transfers after the compute
+  std::size_t bytes = 0; ///< bytes this rank sent in this step
+  int blocks = 0;        ///< (query segment, key segment) blocks computed; fully masked ones are skipped
+};
+struct RingStats {
+  std::vector<RingStepStats> steps;
+  double total_s = 0;
 };
 
 namespace detail {
@@ -188,8 +204,14 @@ class RingExchange {
     Ring::check_mpi(MPI_Irecv(rptr, static_cast<int>(rb), MPI_BYTE, prev, tag, ring.comm(), &m_req[0]), "MPI_Irecv");
     Ring::check_mpi(MPI_Isend(sptr, static_cast<int>(sb), MPI_BYTE, next, tag, ring.comm(), &m_req[1]), "MPI_Isend");
   }
+  /// Lets MPI progress the transfer (between block computations).
+  void poke() {
+    int done = 0;
+    Ring::check_mpi(MPI_Testall(2, m_req, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    m_done = done != 0;
+  }
   void wait() {
-    Ring::check_mpi(MPI_Waitall(2, m_req, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    if (!m_done) Ring::check_mpi(MPI_Waitall(2, m_req, MPI_STATUSES_IGNORE), "MPI_Waitall");
     if (m_staged) Kokkos::deep_copy(m_recv, m_recv_host);
   }
 
@@ -198,8 +220,17 @@ class RingExchange {
   View m_send, m_recv;
   typename View::HostMirror m_send_host, m_recv_host;
   bool m_staged = false;
+  bool m_done = false;
   MPI_Request m_req[2];
 };
+
+/// Wall-clock stopwatch for RingStats; fences `space` first so device work is counted where it ran.
+template <class ExecSpace>
+double stamp(const ExecSpace& space, bool on) {
+  if (!on) return 0;
+  space.fence();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 /// Buffers of one traveling K/V shard (and, in the backward pass, its dK/dV accumulators), sized for the
 /// longest shard; a shard of n tokens uses the first 2·B·n·H_kv·d elements as [2][B][n][H_kv][d].
@@ -247,7 +278,7 @@ inline bool block_visible(const Segment& qs, const Segment& ks, const ShardMap& 
 /// Synchronous: the results are complete on return.
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& q, const KV& k, const VV& v,
-                            const OV& o, const LV& lse, const AttentionOptions& opts = {}) {
+                            const OV& o, const LV& lse, const AttentionOptions& opts = {}, RingStats* stats = nullptr) {
   kfa::detail::static_check_forward<ExecSpace, QV, KV, VV, OV, LV>();
   constexpr const char* fn = "kfa::dist::ring_attention_forward";
   detail::collective_check(ring, fn, [&] { kfa::detail::check_forward(fn, q, k, v, o, lse, opts); });
@@ -269,8 +300,13 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
   Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse_acc("kfa::dist::ring_forward::lse_acc", b, hq, nq),
       lse_part("kfa::dist::ring_forward::lse_part", b, hq, nq);
   Kokkos::deep_copy(space, lse_acc, -compat::infinity<Acc>());  // the empty state: merges as the identity
+  const bool timed = stats != nullptr;
+  if (timed) stats->steps.assign(p, RingStepStats{});
+  const double t_begin = detail::stamp(space, timed);
 
   for (int s = 0; s < p; ++s) {
+    const double t0 = detail::stamp(space, timed);
+    int blocks = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
     std::unique_ptr<detail::RingExchange<ExecSpace, typename decltype(cur)::Flat>> ex;
     if (s + 1 < p)
@@ -287,17 +323,24 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
         kfa::detail::forward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
                                   detail::seq_slice(vt, ks), op, lp, opts, pos);
         kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs), op, lp);
+        ++blocks;
+        if (ex) ex->poke();
       }
+    const double t1 = detail::stamp(space, timed);
     if (ex) {
       ex->wait();
       std::swap(cur, nxt);
     }
+    if (timed)
+      stats->steps[s] = {t1 - t0, detail::stamp(space, true) - t1,
+                         s + 1 < p ? cur.count(map.k_length(owner)) * sizeof(T) : 0, blocks};
   }
   detail::copy_into(space, o, o_acc, "kfa::dist::ring_forward::store_o");
   Kokkos::parallel_for("kfa::dist::ring_forward::store_lse",
                        Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {b, hq, nq}),
                        KOKKOS_LAMBDA(const long x, const long h, const long i) { lse(x, h, i) = lse_acc(x, h, i); });
   space.fence();
+  if (timed) stats->total_s = detail::stamp(space, true) - t_begin;
 }
 
 /// Ring attention backward: every rank passes its shards of q, k, v, the ring forward's o and lse, and
@@ -307,7 +350,7 @@ template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, cl
           class DVV>
 void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV& q, const KV& k, const VV& v,
                              const OV& o, const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
-                             const AttentionOptions& opts = {}) {
+                             const AttentionOptions& opts = {}, RingStats* stats = nullptr) {
   kfa::detail::static_check_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV>();
   constexpr const char* fn = "kfa::dist::ring_attention_backward";
   detail::collective_check(ring, fn, [&] { kfa::detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts); });
@@ -331,8 +374,13 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> dq_acc("kfa::dist::ring_backward::dq_acc", b, nq, hq, d),
       dq_part("kfa::dist::ring_backward::dq_part", b, nq, hq, d), dk_part("kfa::dist::ring_backward::dk_part", b, nmax, hkv, d),
       dv_part("kfa::dist::ring_backward::dv_part", b, nmax, hkv, d);
+  const bool timed = stats != nullptr;
+  if (timed) stats->steps.assign(p, RingStepStats{});
+  const double t_begin = detail::stamp(space, timed);
 
   for (int s = 0; s < p; ++s) {
+    const double t0 = detail::stamp(space, timed);
+    int blocks = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
     using Ex = detail::RingExchange<ExecSpace, typename decltype(kv)::Flat>;
     std::unique_ptr<Ex> ex;
@@ -354,7 +402,10 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
         detail::add_into(space, detail::seq_slice(dq_acc, qs), dqp, "kfa::dist::ring_backward::add_dq");
         detail::add_into(space, detail::seq_slice(dkt, ks), dkp, "kfa::dist::ring_backward::add_dk");
         detail::add_into(space, detail::seq_slice(dvt, ks), dvp, "kfa::dist::ring_backward::add_dv");
+        ++blocks;
+        if (ex) ex->poke();
       }
+    const double t1 = detail::stamp(space, timed);
     // The accumulators move one hop per step; the hop after the last step brings each rank its own.
     using ExA = detail::RingExchange<ExecSpace, typename decltype(dkv)::Flat>;
     ExA ex_acc(space, ring, dkv.data, dkv.count(nk), dkv_next.data, dkv_next.count(map.k_length(incoming)), 2 * s + 1);
@@ -364,11 +415,15 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
       ex->wait();
       std::swap(kv, kv_next);
     }
+    if (timed)
+      stats->steps[s] = {t1 - t0, detail::stamp(space, true) - t1,
+                         (s + 1 < p ? kv.count(nk) * sizeof(T) : 0) + dkv.count(nk) * sizeof(Acc), blocks};
   }
   detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
   detail::copy_into(space, dk, dkv.tile(map.k_length(me), 0), "kfa::dist::ring_backward::store_dk");
   detail::copy_into(space, dv, dkv.tile(map.k_length(me), 1), "kfa::dist::ring_backward::store_dv");
   space.fence();
+  if (timed) stats->total_s = detail::stamp(space, true) - t_begin;
 }
 
 }  // namespace dist

@@ -1,0 +1,140 @@
+// Ring attention benchmark (run under mpirun): per-step compute and wait times, the communication hidden
+// fraction, and end-to-end GFLOP/s, for weak scaling (--tokens-per-rank) or strong scaling (--seq).
+//
+//   mpirun -n P kfa_bench_ring [--tokens-per-rank n | --seq N] [--heads H] [--kv-heads G] [--head-dim d]
+//                              [--layout contiguous|zigzag] [--causal] [--backward] [--reps R] [--steps]
+//
+// Hidden fraction per step = 1 − wait / (time of the same exchange with no compute, measured here); times
+// are the maximum over ranks. GFLOP/s counts the whole sequence's attention (4·H·N²·d, halved for
+// causal; ×3.5 with --backward for forward+backward) over the slowest rank's time.
+#include <Kokkos_Random.hpp>
+#include <kfa/dist/dist.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+
+namespace {
+double max_over_ranks(double x, MPI_Comm c) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, c);
+  return x;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, p;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  long per_rank = 2048, seq = 0;
+  int heads = 4, kv_heads = 0, d = 64, reps = 3;
+  bool causal = false, backward = false, steps = false;
+  kfa::dist::Layout layout = kfa::dist::Layout::contiguous;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: %s needs a value\n", a.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      return argv[++i];
+    };
+    if (a == "--tokens-per-rank") per_rank = std::stol(next());
+    else if (a == "--seq") seq = std::stol(next());
+    else if (a == "--heads") heads = std::stoi(next());
+    else if (a == "--kv-heads") kv_heads = std::stoi(next());
+    else if (a == "--head-dim") d = std::stoi(next());
+    else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--causal") causal = true;
+    else if (a == "--backward") backward = true;
+    else if (a == "--steps") steps = true;
+    else if (a == "--layout") {
+      const std::string l = next();
+      if (l != "contiguous" && l != "zigzag") {
+        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --layout must be contiguous or zigzag, got '%s'\n", l.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      layout = l == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
+    } else if (a.rfind("--kokkos", 0) == 0) continue;
+    else {
+      if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: unknown argument '%s'\n", a.c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  if (kv_heads == 0) kv_heads = heads;
+  const long n_total = seq > 0 ? seq : per_rank * p;
+  {
+    Kokkos::ScopeGuard guard(argc, argv);
+    kfa::dist::Ring ring(MPI_COMM_WORLD, layout);
+    long n = 0;
+    for (const auto& s : kfa::dist::shard_of(layout, n_total, p, rank)) n += s.length;
+    using V4 = Kokkos::View<float****, Mem>;
+    V4 q("bench::q", 1, n, heads, d), k("bench::k", 1, n, kv_heads, d), v("bench::v", 1, n, kv_heads, d),
+        o("bench::o", 1, n, heads, d), d_o("bench::do", 1, n, heads, d), dq("bench::dq", 1, n, heads, d),
+        dk("bench::dk", 1, n, kv_heads, d), dv("bench::dv", 1, n, kv_heads, d);
+    Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
+    Kokkos::Random_XorShift64_Pool<Exec> pool(1234 + rank);
+    for (const V4* x : {&q, &k, &v, &d_o}) Kokkos::fill_random(*x, pool, -1.0f, 1.0f);
+    kfa::AttentionOptions opts;
+    opts.causal = causal;
+
+    // The same exchange with nothing to hide it: the denominator of the hidden fraction.
+    double t_comm = 0;
+    if (p > 1) {
+      Kokkos::View<float*, Mem> a("bench::xa", 2 * n * kv_heads * d), b("bench::xb", 2 * n * kv_heads * d);
+      std::vector<double> ts;
+      for (int r = 0; r < reps + 1; ++r) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        kfa::dist::detail::RingExchange<Exec, decltype(a)> ex(Exec(), ring, a, a.size(), b, b.size(), 99);
+        ex.wait();
+        ts.push_back(max_over_ranks(MPI_Wtime() - t0, MPI_COMM_WORLD));
+      }
+      std::sort(ts.begin() + 1, ts.end());
+      t_comm = ts[1 + reps / 2];
+    }
+
+    kfa::dist::RingStats best;
+    double best_t = 1e300;
+    for (int r = 0; r < reps + 1; ++r) {  // the first call warms up
+      kfa::dist::RingStats st;
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse, opts, backward ? nullptr : &st);
+      if (backward) kfa::dist::ring_attention_backward(Exec(), ring, q, k, v, o, d_o, lse, dq, dk, dv, opts, &st);
+      const double t = max_over_ranks(MPI_Wtime() - t0, MPI_COMM_WORLD);
+      if (r > 0 && t < best_t) best_t = t, best = st;
+    }
+    const double flops = 4.0 * heads * double(n_total) * n_total * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
+    double compute = 0, wait = 0, hidden_sum = 0;
+    int hidden_n = 0;
+    std::vector<double> sc(p), sw(p);
+    for (int s = 0; s < p; ++s) {
+      sc[s] = max_over_ranks(best.steps[s].compute_s, MPI_COMM_WORLD);
+      sw[s] = max_over_ranks(best.steps[s].wait_s, MPI_COMM_WORLD);
+      compute += sc[s], wait += sw[s];
+      if (s + 1 < p && t_comm > 0) {
+        hidden_sum += std::min(1.0, std::max(0.0, 1.0 - sw[s] / t_comm));
+        ++hidden_n;
+      }
+    }
+    if (rank == 0) {
+      std::printf("kfa_bench_ring P=%d N=%ld tokens/rank=%ld heads=%d/%d d=%d layout=%s causal=%d %s: time %.4f s, "
+                  "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, exchange alone %.4f s, "
+                  "hidden %.2f\n",
+                  p, n_total, n_total / p, heads, kv_heads, d, kfa::dist::to_string(layout).c_str(), causal ? 1 : 0,
+                  backward ? "fwd+bwd" : "fwd", best_t, flops / best_t * 1e-9, flops / best_t * 1e-9 / p, compute, wait,
+                  t_comm, hidden_n ? hidden_sum / hidden_n : 1.0);
+      if (steps)
+        for (int s = 0; s < p; ++s)
+          std::printf("  step %d: compute %.4f s, wait %.4f s, %zu bytes sent by rank 0, %d blocks\n", s, sc[s], sw[s],
+                      best.steps[s].bytes, best.steps[s].blocks);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
