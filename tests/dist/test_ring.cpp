@@ -121,8 +121,7 @@ void check_ring(const Case& c, bool backward) {
 
 template <class T>
 class Ring : public ::testing::Test {};
-using RingDtypes = ::testing::Types<double, float>;
-TYPED_TEST_SUITE(Ring, RingDtypes, DtypeNames);
+TYPED_TEST_SUITE(Ring, Dtypes, DtypeNames);
 
 TYPED_TEST(Ring, ContiguousAndZigzag) {
   const int p = world_size();
@@ -164,6 +163,7 @@ TYPED_TEST(Ring, UnevenExplicitShards) {
 TEST(RingErrors, MismatchOnOneRankFailsEverywhere) {
   const int p = world_size(), r = world_rank();
   kfa::dist::Ring ring(MPI_COMM_WORLD);
+  EXPECT_EQ(ring.gpu_aware(), kfa::dist::mpi_reports_gpu_aware());
   const int d = (r == p - 1) ? 64 : 32;  // the last rank disagrees on head_dim
   Tensor<float> q("q", 1, 8, 2, d), k("k", 1, 8, 2, d), v("v", 1, 8, 2, d), o("o", 1, 8, 2, d);
   Lse<float> lse("lse", 1, 2, 8);

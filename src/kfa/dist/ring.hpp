@@ -8,6 +8,11 @@
 /// In the backward pass dQ stays local while the dK/dV accumulators travel with K/V and come home.
 /// Masks use global token positions, so causal and sliding windows are exact for any shard sizes.
 #include <mpi.h>
+#if defined(OPEN_MPI) && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_Query_cuda_support
+#endif
+#endif
 
 #include <kfa/kfa.hpp>
 #include <kfa/dist/shard.hpp>
@@ -23,13 +28,30 @@
 namespace kfa {
 namespace dist {
 
+/// Whether device buffers may go to MPI directly.
+enum class GpuAwareMpi {
+  automatic,  ///< ask the MPI library at run time (Open MPI's MPIX_Query_cuda_support); no if it can't say
+  yes,
+  no  ///< stage device buffers through host mirrors
+};
+
+/// What the MPI library says about CUDA-aware transfers (false when it has no way to tell).
+inline bool mpi_reports_gpu_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 /// A ring over a duplicate of the user's communicator. Collective over comm.
 class Ring {
  public:
-  /// Duplicates `comm` (freed with the last copy of this Ring). `gpu_aware`: hand device buffers to MPI
-  /// directly; otherwise device data goes through host mirrors.
-  explicit Ring(MPI_Comm comm, Layout layout = Layout::contiguous, bool gpu_aware = false)
-      : m_layout(layout), m_gpu_aware(gpu_aware) {
+  /// Duplicates `comm` (freed with the last copy of this Ring). Device buffers go to MPI directly when
+  /// `gpu_aware` resolves to yes, else through host mirrors (host-accessible buffers always go directly).
+  explicit Ring(MPI_Comm comm, Layout layout = Layout::contiguous, GpuAwareMpi gpu_aware = GpuAwareMpi::automatic)
+      : m_layout(layout),
+        m_gpu_aware(gpu_aware == GpuAwareMpi::yes || (gpu_aware == GpuAwareMpi::automatic && mpi_reports_gpu_aware())) {
     MPI_Comm dup;
     check_mpi(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
     m_comm = std::shared_ptr<MPI_Comm>(new MPI_Comm(dup), [](MPI_Comm* c) {
