@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
     // The same exchange with nothing to hide it: the denominator of the hidden fraction.
     double t_comm = 0;
     if (p > 1) {
-      Kokkos::View<float*, Mem> a("bench::xa", 2 * n * kv_heads * d), b("bench::xb", 2 * n * kv_heads * d);
+      long nmax = n;  // one message size on every rank (shards may differ by a token)
+      MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+      Kokkos::View<float*, Mem> a("bench::xa", 2 * nmax * kv_heads * d), b("bench::xb", 2 * nmax * kv_heads * d);
       std::vector<double> ts;
       for (int r = 0; r < reps + 1; ++r) {
         MPI_Barrier(MPI_COMM_WORLD);

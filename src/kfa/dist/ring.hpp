@@ -18,6 +18,7 @@
 #include <kfa/dist/shard.hpp>
 
 #include <array>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -88,7 +89,8 @@ class Ring {
 /// Per-step timings a ring call can report (pass a RingStats* as the last argument). Collecting them
 /// adds a fence after each step's compute.
 struct RingStepStats {
-  double compute_s = 0;  ///< this step's block computations and merges
+  double compute_s = 0;  ///< this step's block computations (attention kernels)
+  double merge_s = 0;    ///< this step's merges of partial results (forward only)
   double wait_s = 0;     ///< time blocked waiting for this step's transfers after the compute
   std::size_t bytes = 0; ///< bytes this rank sent in this step
   int blocks = 0;        ///< (query segment, key segment) blocks computed; fully masked ones are skipped
@@ -96,6 +98,8 @@ struct RingStepStats {
 struct RingStats {
   std::vector<RingStepStats> steps;
   double total_s = 0;
+  /// Called on every rank after each ring step with (steps done, steps in all); e.g. a progress bar.
+  std::function<void(int, int)> on_step;
 };
 
 namespace detail {
@@ -329,6 +333,7 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
   for (int s = 0; s < p; ++s) {
     const double t0 = detail::stamp(space, timed);
     int blocks = 0;
+    double merge_s = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
     std::unique_ptr<detail::RingExchange<ExecSpace, typename decltype(cur)::Flat>> ex;
     if (s + 1 < p)
@@ -344,7 +349,9 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
         const auto lp = detail::lse_slice(lse_part, qs);
         kfa::detail::forward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
                                   detail::seq_slice(vt, ks), op, lp, opts, pos);
+        const double tm0 = detail::stamp(space, timed);
         kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs), op, lp);
+        merge_s += detail::stamp(space, timed) - tm0;
         ++blocks;
         if (ex) ex->poke();
       }
@@ -354,8 +361,9 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
       std::swap(cur, nxt);
     }
     if (timed)
-      stats->steps[s] = {t1 - t0, detail::stamp(space, true) - t1,
+      stats->steps[s] = {t1 - t0 - merge_s, merge_s, detail::stamp(space, true) - t1,
                          s + 1 < p ? cur.count(map.k_length(owner)) * sizeof(T) : 0, blocks};
+    if (timed && stats->on_step) stats->on_step(s + 1, p);
   }
   detail::copy_into(space, o, o_acc, "kfa::dist::ring_forward::store_o");
   Kokkos::parallel_for("kfa::dist::ring_forward::store_lse",
@@ -438,8 +446,9 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
       std::swap(kv, kv_next);
     }
     if (timed)
-      stats->steps[s] = {t1 - t0, detail::stamp(space, true) - t1,
+      stats->steps[s] = {t1 - t0, 0.0, detail::stamp(space, true) - t1,
                          (s + 1 < p ? kv.count(nk) * sizeof(T) : 0) + dkv.count(nk) * sizeof(Acc), blocks};
+    if (timed && stats->on_step) stats->on_step(s + 1, p);
   }
   detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
   detail::copy_into(space, dk, dkv.tile(map.k_length(me), 0), "kfa::dist::ring_backward::store_dk");

@@ -1,0 +1,483 @@
+// kfa-longseq: exact attention over one long sequence spread over MPI ranks, with HDF5 input/output, a
+// float64 self-check and a performance report.
+//
+//   mpirun -np P kfa-longseq --generate --seqlen 65536 --heads 4 --head-dim 64 --causal --layout zigzag --check 4
+//   mpirun -np P kfa-longseq --input in.h5 --output out.h5 --backward --dtype float32
+//
+// Run with --help for every option.
+#include <CLI/CLI.hpp>
+#include <kfa/dist/dist.hpp>
+#include <kfa/io/hdf5.hpp>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Config {
+  std::string input, output, json, dtype = "float32", layout = "contiguous";
+  bool generate = false, causal = false, backward = false, progress = false;
+  long batch = 1, seqlen = 65536;
+  int heads = 4, kv_heads = 0, head_dim = 64, check = 0;
+  std::uint64_t seed = 1;
+  std::vector<int> window;
+  double scale = 0, softcap = 0;
+};
+
+// Deterministic value of element `flat` of tensor `id`: the same for every rank count and layout.
+double generated(std::uint64_t seed, int id, std::uint64_t flat) {
+  std::uint64_t z = seed * 0x9E3779B97F4A7C15ULL + (static_cast<std::uint64_t>(id) << 56) + flat;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * (2.0 / 9007199254740992.0) - 1.0;  // uniform in [-1, 1)
+}
+
+struct Shards {
+  long batch, seq, heads, kv_heads, d;
+  std::vector<kfa::dist::Segment> segs;
+  long n = 0;  // local tokens
+  std::vector<double> q, k, v, d_o;  // [batch, n, heads, d] host copies (rounded to the compute dtype)
+};
+
+template <class T>
+double round_to(double x) {
+  return static_cast<double>(static_cast<kfa::accumulator_t<T>>(static_cast<T>(x)));
+}
+
+template <class T>
+std::vector<double> generate(const Config& c, const Shards& s, int id, long heads) {
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(s.batch * s.n * heads * s.d));
+  for (long b = 0; b < s.batch; ++b)
+    for (const auto& sg : s.segs)
+      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i)
+        for (long x = 0; x < heads * s.d; ++x)
+          out.push_back(round_to<T>(generated(c.seed, id, static_cast<std::uint64_t>((b * s.seq + i) * heads * s.d + x))));
+  return out;
+}
+
+template <class T, class V>
+V to_device(const std::vector<double>& h, long b, long n, long heads, long d, const char* label) {
+  V x(std::string(label), b, n, heads, d);
+  auto m = Kokkos::create_mirror_view(x);
+  size_t f = 0;
+  for (long i0 = 0; i0 < b; ++i0)
+    for (long i1 = 0; i1 < n; ++i1)
+      for (long i2 = 0; i2 < heads; ++i2)
+        for (long i3 = 0; i3 < d; ++i3) m(i0, i1, i2, i3) = static_cast<T>(h[f++]);
+  Kokkos::deep_copy(x, m);
+  return x;
+}
+
+template <class R, class V>
+std::vector<R> to_host(const V& x) {  // rank-4 View, row-major
+  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  std::vector<R> out;
+  out.reserve(x.size());
+  for (size_t a = 0; a < x.extent(0); ++a)
+    for (size_t b = 0; b < x.extent(1); ++b)
+      for (size_t c = 0; c < x.extent(2); ++c)
+        for (size_t e = 0; e < x.extent(3); ++e) out.push_back(static_cast<R>(static_cast<double>(m(a, b, c, e))));
+  return out;
+}
+
+template <class R, class V>
+std::vector<R> to_host3(const V& x) {  // rank-3 View, row-major
+  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  std::vector<R> out;
+  out.reserve(x.size());
+  for (size_t a = 0; a < x.extent(0); ++a)
+    for (size_t b = 0; b < x.extent(1); ++b)
+      for (size_t c = 0; c < x.extent(2); ++c) out.push_back(static_cast<R>(m(a, b, c)));
+  return out;
+}
+
+double max_over(double x, MPI_Comm comm) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return x;
+}
+
+// Visible from the definition (bottom-right aligned causal and window over global positions).
+bool visible(const Config& c, long seq_q, long seq_k, long i, long j) {
+  const long diag = i + seq_k - seq_q;
+  const long left = c.window.empty() ? -1 : c.window[0], right = c.window.empty() ? -1 : c.window[1];
+  if (c.causal && j > diag) return false;
+  if (right >= 0 && j > diag + right) return false;
+  if (left >= 0 && j < diag - left) return false;
+  return true;
+}
+
+struct CheckResult {
+  double max_abs = 0, max_rel = 0, max_lse = 0;
+  int rows = 0;
+};
+
+// K random query rows of this rank, in float64 straight from the definition, with the K/V shards
+// streamed around the ring; compared with the computed o and lse rows.
+CheckResult self_check(const Config& c, const Shards& s, const std::vector<double>& o, const std::vector<double>& lse,
+                       MPI_Comm comm) {
+  int rank, p;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &p);
+  std::mt19937_64 rng(c.seed * 7919 + rank);
+  struct Row { long b, li, gi, h; double m, l; std::vector<double> acc; };
+  std::vector<Row> rows;
+  for (int t = 0; t < c.check && s.n > 0; ++t) {
+    Row r;
+    r.b = static_cast<long>(rng() % s.batch);
+    r.li = static_cast<long>(rng() % s.n);
+    r.h = static_cast<long>(rng() % s.heads);
+    long gi = 0;
+    for (const auto& sg : s.segs)
+      if (r.li >= sg.local_begin && r.li < sg.local_begin + sg.length) gi = sg.global_begin + r.li - sg.local_begin;
+    r.gi = gi, r.m = -INFINITY, r.l = 0, r.acc.assign(s.d, 0.0);
+    rows.push_back(r);
+  }
+  const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(s.d));
+  // The travelling shard: its owner's segments and K, V rows.
+  long nmax = s.n;
+  MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, comm);
+  const size_t row = static_cast<size_t>(s.kv_heads * s.d);
+  std::vector<double> kv(2 * static_cast<size_t>(s.batch * nmax) * row, 0.0);
+  std::copy(s.k.begin(), s.k.end(), kv.begin());
+  std::copy(s.v.begin(), s.v.end(), kv.begin() + static_cast<long>(s.batch * nmax * row));
+  long seg[5] = {s.n, 0, 0, 0, 0};
+  for (size_t i = 0; i < s.segs.size() && i < 2; ++i) seg[1 + 2 * i] = s.segs[i].global_begin, seg[2 + 2 * i] = s.segs[i].length;
+  for (int step = 0; step < p; ++step) {
+    const long n_owner = seg[0];
+    for (auto& r : rows) {
+      const long hk = r.h / (s.heads / s.kv_heads);
+      long lb = 0;
+      for (int g = 0; g < 2; ++g) {
+        const long gb = seg[1 + 2 * g], len = seg[2 + 2 * g];
+        for (long j = 0; j < len; ++j) {
+          if (!visible(c, s.seq, s.seq, r.gi, gb + j)) continue;
+          const double* kr = &kv[((r.b * nmax + lb + j) * s.kv_heads + hk) * s.d];
+          const double* vr = &kv[static_cast<size_t>(s.batch * nmax) * row + ((r.b * nmax + lb + j) * s.kv_heads + hk) * s.d];
+          const double* qr = &s.q[((r.b * s.n + r.li) * s.heads + r.h) * s.d];
+          double x = 0;
+          for (long e = 0; e < s.d; ++e) x += qr[e] * kr[e];
+          x *= scale;
+          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
+          const double m = std::max(r.m, x), a = std::exp(r.m - m), w = std::exp(x - m);
+          r.l = r.l * a + w;
+          for (long e = 0; e < s.d; ++e) r.acc[e] = r.acc[e] * a + w * vr[e];
+          r.m = m;
+        }
+        lb += len;
+      }
+      (void)n_owner;
+    }
+    if (p > 1) {
+      const int next = (rank + 1) % p, prev = (rank + p - 1) % p;
+      MPI_Sendrecv_replace(kv.data(), static_cast<int>(kv.size()), MPI_DOUBLE, next, 5, prev, 5, comm, MPI_STATUS_IGNORE);
+      MPI_Sendrecv_replace(seg, 5, MPI_LONG, next, 6, prev, 6, comm, MPI_STATUS_IGNORE);
+    }
+  }
+  CheckResult res;
+  for (const auto& r : rows) {
+    double num = 0, den = 0;
+    for (long e = 0; e < s.d; ++e) {
+      const double want = r.l > 0 ? r.acc[e] / r.l : 0.0;
+      const double got = o[((r.b * s.n + r.li) * s.heads + r.h) * s.d + e];
+      const double err = std::isfinite(got) ? std::abs(got - want) : INFINITY;
+      res.max_abs = std::max(res.max_abs, err);
+      num += err * err, den += want * want;
+    }
+    res.max_rel = std::max(res.max_rel, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    const double want_lse = r.l > 0 ? r.m + std::log(r.l) : -INFINITY;
+    const double got_lse = lse[(r.b * s.heads + r.h) * s.n + r.li];
+    const double lerr = (std::isinf(want_lse) && got_lse == want_lse) ? 0.0 : std::abs(got_lse - want_lse) / std::max(1.0, std::abs(want_lse));
+    res.max_lse = std::max(res.max_lse, std::isnan(lerr) ? INFINITY : lerr);
+  }
+  res.rows = static_cast<int>(rows.size());
+  res.max_abs = max_over(res.max_abs, comm), res.max_rel = max_over(res.max_rel, comm), res.max_lse = max_over(res.max_lse, comm);
+  MPI_Allreduce(MPI_IN_PLACE, &res.rows, 1, MPI_INT, MPI_SUM, comm);
+  return res;
+}
+
+template <class T>
+double tolerance() {
+  if (std::is_same<T, double>::value) return 1e-12;
+  if (std::is_same<T, float>::value) return 1e-5;
+  return 1e-2;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) o += (ch == '"' || ch == '\\') ? std::string("\\") + ch : std::string(1, ch);
+  return o;
+}
+
+template <class T>
+int run(const Config& c, MPI_Comm comm) {
+  using Exec = Kokkos::DefaultExecutionSpace;
+  using Mem = Exec::memory_space;
+  using V4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;
+  using Acc = kfa::accumulator_t<T>;
+  int rank, p;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &p);
+  const kfa::dist::Layout layout = c.layout == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
+  const double t_start = MPI_Wtime();
+
+  // ---- read or generate ----------------------------------------------------------------------------
+  Shards s;
+  std::unique_ptr<kfa::io::Reader> reader;
+  kfa::io::DatasetInfo qi, ki, vi, doi;
+  if (c.generate) {
+    s.batch = c.batch, s.seq = c.seqlen, s.heads = c.heads, s.kv_heads = c.kv_heads, s.d = c.head_dim;
+  } else {
+    reader.reset(new kfa::io::Reader(c.input, comm));
+    qi = reader->info("q"), ki = reader->info("k"), vi = reader->info("v");
+    for (auto pr : {std::make_pair("q", &qi), std::make_pair("k", &ki), std::make_pair("v", &vi)}) {
+      if (!pr.second->exists) kfa::detail::fail("kfa-longseq: --input ", c.input, " has no dataset '", pr.first, "'");
+      if (pr.second->dims.size() != 4)
+        kfa::detail::fail("kfa-longseq: dataset '", pr.first, "' of ", c.input, " has rank ", pr.second->dims.size(),
+                          "; expected 4: [batch, seq, heads, head_dim]");
+      if (pr.second->type == kfa::io::FileType::other)
+        kfa::detail::fail("kfa-longseq: dataset '", pr.first, "' of ", c.input,
+                          " is not float64, float32 or float16");
+    }
+    if (ki.dims != vi.dims)
+      kfa::detail::fail("kfa-longseq: datasets 'k' ", kfa::detail::extents_string({size_t(ki.dims[0]), size_t(ki.dims[1]), size_t(ki.dims[2]), size_t(ki.dims[3])}),
+                        " and 'v' ", kfa::detail::extents_string({size_t(vi.dims[0]), size_t(vi.dims[1]), size_t(vi.dims[2]), size_t(vi.dims[3])}), " differ");
+    if (qi.dims[0] != ki.dims[0] || qi.dims[1] != ki.dims[1] || qi.dims[3] != ki.dims[3])
+      kfa::detail::fail("kfa-longseq: 'q' is [", qi.dims[0], ", ", qi.dims[1], ", ", qi.dims[2], ", ", qi.dims[3],
+                        "] but 'k' is [", ki.dims[0], ", ", ki.dims[1], ", ", ki.dims[2], ", ", ki.dims[3],
+                        "]: batch, seq and head_dim must match");
+    s.batch = qi.dims[0], s.seq = qi.dims[1], s.heads = qi.dims[2], s.kv_heads = ki.dims[2], s.d = qi.dims[3];
+    if (c.backward) {
+      doi = reader->info("do");
+      if (doi.exists && doi.dims != qi.dims) kfa::detail::fail("kfa-longseq: dataset 'do' must have the shape of 'q'");
+    }
+  }
+  if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0)
+    kfa::detail::fail("kfa-longseq: heads = ", s.heads, " is not a multiple of kv-heads = ", s.kv_heads);
+  if (s.d % 8 != 0 || s.d < 8 || s.d > 256)
+    kfa::detail::fail("kfa-longseq: head_dim = ", s.d, " is unsupported (a multiple of 8 in [8, 256])");
+  if (s.seq < p) kfa::detail::fail("kfa-longseq: seq = ", s.seq, " is shorter than the ", p, " ranks");
+  if (layout == kfa::dist::Layout::zigzag && s.seq < 2 * p)
+    kfa::detail::fail("kfa-longseq: --layout zigzag needs seq >= 2 * ranks = ", 2 * p, " but seq = ", s.seq);
+  s.segs = kfa::dist::shard_of(layout, s.seq, p, rank);
+  for (const auto& sg : s.segs) s.n += sg.length;
+  auto load = [&](const char* name, int id, long heads, const kfa::io::DatasetInfo& info) {
+    if (c.generate || !info.exists) return generate<T>(c, s, id, heads);
+    std::vector<double> x;
+    reader->read_rows(name, info, s.segs, x);
+    for (double& e : x) e = round_to<T>(e);
+    return x;
+  };
+  s.q = load("q", 0, s.heads, qi), s.k = load("k", 1, s.kv_heads, ki), s.v = load("v", 2, s.kv_heads, vi);
+  if (c.backward) s.d_o = load("do", 3, s.heads, doi);
+  reader.reset();
+  const double t_read = max_over(MPI_Wtime() - t_start, comm);
+
+  // ---- compute --------------------------------------------------------------------------------------
+  kfa::AttentionOptions opts;
+  opts.causal = c.causal, opts.softmax_scale = c.scale, opts.softcap = c.softcap;
+  if (!c.window.empty()) opts.window_left = c.window[0], opts.window_right = c.window[1];
+  kfa::dist::Ring ring(comm, layout);
+  V4 q = to_device<T, V4>(s.q, s.batch, s.n, s.heads, s.d, "q"), k = to_device<T, V4>(s.k, s.batch, s.n, s.kv_heads, s.d, "k"),
+     v = to_device<T, V4>(s.v, s.batch, s.n, s.kv_heads, s.d, "v"), o("o", s.batch, s.n, s.heads, s.d);
+  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse("lse", s.batch, s.heads, s.n);
+  const bool bar = c.progress || isatty(2);
+  kfa::dist::RingStats fst, bst;
+  auto progress = [&](const char* what) {
+    return [&, what](int done, int all) {
+      if (rank != 0 || !bar) return;
+      const int w = 30, f = w * done / all;
+      std::fprintf(stderr, "\r%-8s [%s%s] %d/%d ring steps", what, std::string(f, '#').c_str(), std::string(w - f, '.').c_str(), done, all);
+      if (done == all) std::fprintf(stderr, "\n");
+      std::fflush(stderr);
+    };
+  };
+  fst.on_step = progress("forward");
+  bst.on_step = progress("backward");
+  // The ring exchange alone, to tell how much of it the compute hid.
+  double t_exchange = 0;
+  if (p > 1) {
+    long nmax = s.n;  // one message size on every rank (shards may differ by a token)
+    MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, comm);
+    Kokkos::View<T*, Mem> a("xa", 2 * s.batch * nmax * s.kv_heads * s.d), b("xb", a.size());
+    MPI_Barrier(comm);
+    const double t0 = MPI_Wtime();
+    kfa::dist::detail::RingExchange<Exec, decltype(a)> ex(Exec(), ring, a, a.size(), b, b.size(), 98);
+    ex.wait();
+    t_exchange = max_over(MPI_Wtime() - t0, comm);
+  }
+  MPI_Barrier(comm);
+  const double tc0 = MPI_Wtime();
+  kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse, opts, &fst);
+  V4 dq, dk, dv;
+  if (c.backward) {
+    V4 d_o = to_device<T, V4>(s.d_o, s.batch, s.n, s.heads, s.d, "do");
+    dq = V4("dq", s.batch, s.n, s.heads, s.d), dk = V4("dk", s.batch, s.n, s.kv_heads, s.d), dv = V4("dv", s.batch, s.n, s.kv_heads, s.d);
+    kfa::dist::ring_attention_backward(Exec(), ring, q, k, v, o, d_o, lse, dq, dk, dv, opts, &bst);
+  }
+  const double t_compute_total = max_over(MPI_Wtime() - tc0, comm);
+  double compute = 0, wait = 0, merge = 0;
+  for (const auto* st : {&fst, &bst})
+    for (const auto& x : st->steps) compute += x.compute_s, wait += x.wait_s, merge += x.merge_s;
+  compute = max_over(compute, comm), wait = max_over(wait, comm), merge = max_over(merge, comm);
+  const int transfers = (p - 1) * (c.backward ? 2 : 1);
+  const double hidden = (p > 1 && t_exchange > 0) ? std::max(0.0, std::min(1.0, 1.0 - wait / (transfers * t_exchange))) : 1.0;
+
+  // ---- check ----------------------------------------------------------------------------------------
+  const auto oh = to_host<double>(o);
+  const auto lh = to_host3<double>(lse);
+  CheckResult chk;
+  bool check_ok = true;
+  if (c.check > 0) {
+    chk = self_check(c, s, oh, lh, comm);
+    check_ok = chk.max_rel <= tolerance<T>() && chk.max_lse <= tolerance<Acc>() * 10;
+  }
+
+  // ---- write ----------------------------------------------------------------------------------------
+  const double tw0 = MPI_Wtime();
+  if (!c.output.empty()) {
+    kfa::io::Writer w(c.output, comm);
+    const std::vector<long> od{s.batch, s.seq, s.heads, s.d}, ld{s.batch, s.heads, s.seq}, kd{s.batch, s.seq, s.kv_heads, s.d};
+    using Store = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+    w.write_rows("o", od, 1, s.segs, to_host<Store>(o));
+    w.write_rows("lse", ld, 2, s.segs, to_host3<Store>(lse));
+    if (c.backward) {
+      w.write_rows("dq", od, 1, s.segs, to_host<Store>(dq));
+      w.write_rows("dk", kd, 1, s.segs, to_host<Store>(dk));
+      w.write_rows("dv", kd, 1, s.segs, to_host<Store>(dv));
+    }
+    const std::string win = c.window.empty() ? "-1 -1" : std::to_string(c.window[0]) + " " + std::to_string(c.window[1]);
+    for (auto kv : std::vector<std::pair<std::string, std::string>>{
+             {"kfa_version", KFA_VERSION_STRING}, {"kokkos_version", kfa::compat::kokkos_version_string()},
+             {"ranks", std::to_string(p)}, {"layout", c.layout}, {"dtype", c.dtype}, {"causal", c.causal ? "1" : "0"},
+             {"window", win}, {"scale", std::to_string(c.scale)}, {"softcap", std::to_string(c.softcap)},
+             {"backward", c.backward ? "1" : "0"}, {"source", c.generate ? "generate seed " + std::to_string(c.seed) : c.input},
+             {"io", kfa::io::io_mode()}})
+      w.attribute(kv.first, kv.second);
+    w.commit();
+  }
+  const double t_write = max_over(MPI_Wtime() - tw0, comm);
+
+  // ---- report ---------------------------------------------------------------------------------------
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  const double mem_mib = max_over(ru.ru_maxrss / 1024.0, comm);
+  const double flops = 4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
+  if (rank == 0) {
+    std::ostringstream rep;
+    rep << "kfa-longseq " << KFA_VERSION_STRING << " (Kokkos " << kfa::compat::kokkos_version_string() << ", "
+        << Exec::name() << ", " << kfa::io::io_mode() << ")\n"
+        << "  " << p << " ranks, " << c.layout << ", " << c.dtype << ", batch " << s.batch << ", seq " << s.seq
+        << ", heads " << s.heads << "/" << s.kv_heads << ", head_dim " << s.d << (c.causal ? ", causal" : "")
+        << (c.backward ? ", forward+backward" : ", forward") << "\n";
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "  read %.3f s | compute %.3f s (attention %.3f s, merge %.3f s, communication wait %.3f s) | write %.3f s\n"
+                  "  %.3f TFLOP/s, %.0f tokens/s, memory high-water %.1f MiB per rank (max), communication hidden %.0f%%\n",
+                  t_read, t_compute_total, compute, merge, wait, t_write, flops / t_compute_total * 1e-12,
+                  s.batch * s.seq / t_compute_total, mem_mib, hidden * 100);
+    rep << line;
+    if (c.check > 0) {
+      std::snprintf(line, sizeof line, "  check: %d rows vs float64: max abs error %.3e, max relative error %.3e (tolerance %.0e), lse %.3e: %s\n",
+                    chk.rows, chk.max_abs, chk.max_rel, tolerance<T>(), chk.max_lse, check_ok ? "PASS" : "FAIL");
+      rep << line;
+    }
+    if (!c.output.empty()) rep << "  wrote " << c.output << "\n";
+    std::fputs(rep.str().c_str(), stdout);
+    if (!c.json.empty()) {
+      std::ofstream js(c.json);
+      js << "{\"kfa_version\": \"" << KFA_VERSION_STRING << "\", \"kokkos_version\": \"" << kfa::compat::kokkos_version_string()
+         << "\", \"backend\": \"" << Exec::name() << "\", \"io\": \"" << kfa::io::io_mode() << "\", \"ranks\": " << p
+         << ", \"layout\": \"" << c.layout << "\", \"dtype\": \"" << c.dtype << "\", \"batch\": " << s.batch << ", \"seq\": " << s.seq
+         << ", \"heads\": " << s.heads << ", \"kv_heads\": " << s.kv_heads << ", \"head_dim\": " << s.d
+         << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"backward\": " << (c.backward ? "true" : "false")
+         << ", \"read_s\": " << t_read << ", \"compute_s\": " << t_compute_total << ", \"attention_s\": " << compute
+         << ", \"merge_s\": " << merge << ", \"communication_wait_s\": " << wait << ", \"write_s\": " << t_write
+         << ", \"tflops\": " << flops / t_compute_total * 1e-12 << ", \"tokens_per_s\": " << s.batch * s.seq / t_compute_total
+         << ", \"memory_high_water_mib\": " << mem_mib << ", \"communication_hidden\": " << hidden
+         << ", \"check_rows\": " << chk.rows << ", \"check_max_rel_error\": " << chk.max_rel
+         << ", \"check_pass\": " << (check_ok ? "true" : "false") << ", \"output\": \"" << json_escape(c.output) << "\"}\n";
+      if (!js) std::fprintf(stderr, "kfa-longseq: cannot write --json %s\n", c.json.c_str());
+    }
+  }
+  return check_ok ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, status = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Config c;
+  CLI::App app{"kfa-longseq: exact attention over one long sequence on many MPI ranks"};
+  auto* in = app.add_option("--input", c.input, "HDF5 file with datasets q, k, v [batch, seq, heads, head_dim] (k, v may have fewer heads)")->check(CLI::ExistingFile);
+  auto* gen = app.add_flag("--generate", c.generate, "generate deterministic inputs instead (same tensors for any rank count)");
+  in->excludes(gen);
+  app.add_option("--batch", c.batch, "with --generate")->check(CLI::PositiveNumber);
+  app.add_option("--seqlen", c.seqlen, "with --generate")->check(CLI::PositiveNumber);
+  app.add_option("--heads", c.heads, "with --generate")->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", c.kv_heads, "with --generate (default: --heads)")->check(CLI::NonNegativeNumber);
+  app.add_option("--head-dim", c.head_dim, "with --generate: a multiple of 8 in [8, 256]")->check(CLI::PositiveNumber);
+  app.add_option("--seed", c.seed, "with --generate");
+  app.add_option("--dtype", c.dtype, "compute type")->check(CLI::IsMember({"float64", "float32", "float16", "bfloat16"}));
+  app.add_flag("--causal", c.causal, "causal mask (bottom-right aligned)");
+  app.add_option("--window", c.window, "sliding window L R (-1 = unbounded)")->expected(2);
+  app.add_option("--scale", c.scale, "softmax scale (default 1/sqrt(head_dim))")->check(CLI::NonNegativeNumber);
+  app.add_option("--softcap", c.softcap, "score softcap (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--layout", c.layout, "how the sequence is sharded")->check(CLI::IsMember({"contiguous", "zigzag"}));
+  app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO read from dataset 'do' or generated)");
+  app.add_option("--output", c.output, "write o, lse (and gradients) to this HDF5 file");
+  app.add_option("--check", c.check, "check K random query rows per rank against float64")->check(CLI::NonNegativeNumber);
+  app.add_option("--json", c.json, "write the summary as JSON to this file");
+  app.add_flag("--progress", c.progress, "progress bar on stderr even when it is not a terminal");
+  try {
+    app.parse(argc, argv);
+    if (!c.generate && c.input.empty()) throw CLI::ValidationError("one of --input FILE or --generate is required");
+    if (!c.window.empty() && (c.window[0] < -1 || c.window[1] < -1))
+      throw CLI::ValidationError("--window values must be >= -1, got " + std::to_string(c.window[0]) + " " + std::to_string(c.window[1]));
+    if (c.generate && c.kv_heads == 0) c.kv_heads = c.heads;
+    if (!c.output.empty()) {
+      const auto slash = c.output.find_last_of('/');
+      const std::string dir = slash == std::string::npos ? "." : c.output.substr(0, slash == 0 ? 1 : slash);
+      if (access(dir.c_str(), W_OK) != 0) throw CLI::ValidationError("--output " + c.output + ": directory " + dir + " is not writable");
+    }
+  } catch (const CLI::ParseError& e) {
+    if (rank == 0) status = app.exit(e);
+    else status = e.get_exit_code();
+    MPI_Finalize();
+    return status == 0 ? 0 : 2;
+  }
+  {
+    Kokkos::ScopeGuard guard(argc, argv);
+    try {
+      if (c.dtype == "float64") status = run<double>(c, MPI_COMM_WORLD);
+      else if (c.dtype == "float32") status = run<float>(c, MPI_COMM_WORLD);
+#if KFA_HAS_HALF
+      else if (c.dtype == "float16") status = run<kfa::compat::half_t>(c, MPI_COMM_WORLD);
+#endif
+#if KFA_HAS_BHALF
+      else if (c.dtype == "bfloat16") status = run<kfa::compat::bhalf_t>(c, MPI_COMM_WORLD);
+#endif
+      else kfa::detail::fail("kfa-longseq: --dtype ", c.dtype, " is not supported by this Kokkos build (", Kokkos::DefaultExecutionSpace::name(),
+                             ": its half/bfloat16 are plain float on host backends); use float32 or float64");
+    } catch (const kfa::Error& e) {
+      if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
+      status = 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kfa-longseq: rank %d: %s\n", rank, e.what());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  MPI_Finalize();
+  return status;
+}

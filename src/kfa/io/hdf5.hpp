@@ -1,0 +1,358 @@
+#pragma once
+/// kfa::io — sharded HDF5 I/O for sequence-parallel runs. With a parallel HDF5 every rank reads and writes
+/// its own rows through collective MPI-IO hyperslab selections; with a serial HDF5 (as on machines whose
+/// HDF5 has no MPI) rank 0 does the file I/O and scatters/gathers the rows. Tensors are [batch, seq, heads,
+/// head_dim] (sharded along seq) or [batch, heads, seq] (LSE, sharded along seq).
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <kfa/dist/shard.hpp>
+#include <kfa/error.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace kfa {
+namespace io {
+
+/// True when this build's HDF5 has MPI-IO (collective parallel I/O); false: rank-0 I/O.
+constexpr bool parallel_hdf5() {
+#ifdef H5_HAVE_PARALLEL
+  return true;
+#else
+  return false;
+#endif
+}
+inline const char* io_mode() { return parallel_hdf5() ? "parallel HDF5 (collective MPI-IO)" : "serial HDF5 (rank-0 I/O)"; }
+
+/// Element type of a dataset in the file.
+enum class FileType { float64, float32, float16, other };
+inline const char* to_string(FileType t) {
+  switch (t) {
+    case FileType::float64: return "float64";
+    case FileType::float32: return "float32";
+    case FileType::float16: return "float16";
+    default: return "unsupported";
+  }
+}
+
+struct DatasetInfo {
+  bool exists = false;
+  FileType type = FileType::other;
+  std::vector<long> dims;
+};
+
+namespace detail {
+struct Handle {  // closes an HDF5 id with the right call
+  hid_t id = -1;
+  herr_t (*close)(hid_t) = nullptr;
+  Handle() = default;
+  Handle(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& o) noexcept : id(o.id), close(o.close) { o.id = -1; }
+  Handle& operator=(Handle&& o) noexcept {
+    reset();
+    id = o.id, close = o.close, o.id = -1;
+    return *this;
+  }
+  ~Handle() { reset(); }
+  void reset() {
+    if (id >= 0 && close) close(id);
+    id = -1;
+  }
+  operator hid_t() const { return id; }
+};
+
+inline hid_t check(hid_t id, const std::string& what) {
+  if (id < 0) kfa::detail::fail("kfa::io: ", what, " failed");
+  return id;
+}
+
+inline FileType classify(hid_t type) {
+  if (H5Tget_class(type) != H5T_FLOAT) return FileType::other;
+  const size_t sz = H5Tget_size(type);
+  return sz == 8 ? FileType::float64 : sz == 4 ? FileType::float32 : sz == 2 ? FileType::float16 : FileType::other;
+}
+
+/// Selects the union of `segs` along dimension `seq_dim` of a dataspace with `dims`.
+inline void select_rows(hid_t space, const std::vector<long>& dims, int seq_dim,
+                        const std::vector<kfa::dist::Segment>& segs) {
+  H5Sselect_none(space);
+  for (const auto& s : segs) {
+    if (s.length == 0) continue;
+    std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
+    start[seq_dim] = static_cast<hsize_t>(s.global_begin);
+    count[seq_dim] = static_cast<hsize_t>(s.length);
+    H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr);
+  }
+}
+
+inline Handle file_access(MPI_Comm comm) {
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+#else
+  (void)comm;
+#endif
+  return fapl;
+}
+inline Handle transfer() {
+  Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+#endif
+  return dxpl;
+}
+
+/// Every rank throws the first failing rank's message (collective).
+inline void agree(MPI_Comm comm, const std::string& local_error) {
+  int rank, size;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  char mine[512] = {0};
+  std::snprintf(mine, sizeof(mine), "%s", local_error.c_str());
+  std::vector<char> all(512 * static_cast<size_t>(size));
+  MPI_Allgather(mine, 512, MPI_CHAR, all.data(), 512, MPI_CHAR, comm);
+  for (int r = 0; r < size; ++r)
+    if (all[512 * r] != '\0') throw kfa::Error(std::string(&all[512 * r]));
+}
+}  // namespace detail
+
+/// An HDF5 file opened for reading by every rank (parallel) or by rank 0 (serial). Collective.
+class Reader {
+ public:
+  Reader(const std::string& path, MPI_Comm comm) : m_comm(comm), m_path(path) {
+    MPI_Comm_rank(comm, &m_rank);
+    MPI_Comm_size(comm, &m_size);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our messages, not HDF5's error stacks
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) {
+      detail::Handle fapl = detail::file_access(comm);
+      if (H5Fis_hdf5(path.c_str()) <= 0)
+        err = "kfa::io: --input " + path + ": no such file or not an HDF5 file";
+      else
+        m_file = detail::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+      if (err.empty() && m_file.id < 0) err = "kfa::io: --input " + path + ": cannot be opened";
+    }
+    detail::agree(comm, err);
+  }
+  /// Shape and type of dataset `name` (rank 0 looks, everyone learns). Collective.
+  DatasetInfo info(const std::string& name) {
+    long buf[8] = {0};  // exists, type, rank, dims...
+    if (m_rank == 0) {
+      if (H5Lexists(m_file, name.c_str(), H5P_DEFAULT) > 0) {
+        detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+        detail::Handle type(H5Dget_type(ds), H5Tclose);
+        detail::Handle space(H5Dget_space(ds), H5Sclose);
+        const int nd = H5Sget_simple_extent_ndims(space);
+        hsize_t dims[8];
+        H5Sget_simple_extent_dims(space, dims, nullptr);
+        buf[0] = 1, buf[1] = static_cast<long>(detail::classify(type)), buf[2] = nd;
+        for (int i = 0; i < nd && i < 5; ++i) buf[3 + i] = static_cast<long>(dims[i]);
+      }
+    }
+    MPI_Bcast(buf, 8, MPI_LONG, 0, m_comm);
+    DatasetInfo d;
+    d.exists = buf[0] == 1;
+    d.type = static_cast<FileType>(buf[1]);
+    for (long i = 0; i < std::min<long>(buf[2], 5); ++i) d.dims.push_back(buf[3 + i]);
+    return d;
+  }
+  /// Reads the rows `segs` (along dimension 1 of a [B, S, H, D] dataset) into `out` [B, n_local, H, D]
+  /// (host, row-major), converting from the file's float type to float or double. Collective.
+  template <class T>
+  void read_rows(const std::string& name, const DatasetInfo& info, const std::vector<kfa::dist::Segment>& segs,
+                 std::vector<T>& out) {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value, "read as float or double");
+    const hid_t mem_type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+    long n = 0;
+    for (const auto& s : segs) n += s.length;
+    const long row = info.dims[2] * info.dims[3];
+    out.assign(static_cast<size_t>(info.dims[0] * n * row), T(0));
+#ifdef H5_HAVE_PARALLEL
+    detail::Handle ds(detail::check(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), "H5Dopen2 " + name), H5Dclose);
+    detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+    detail::select_rows(fspace, info.dims, 1, segs);
+    const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(n),
+                              static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
+    detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
+    if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
+    detail::Handle dxpl = detail::transfer();
+    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out.data()) < 0)
+      kfa::detail::fail("kfa::io: reading dataset '", name, "' of ", m_path, " failed");
+#else
+    // Rank 0 reads every rank's rows and sends them; the others receive theirs.
+    const int tag = 77;
+    if (m_rank == 0) {
+      detail::Handle ds(detail::check(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), "H5Dopen2 " + name), H5Dclose);
+      for (int r = m_size - 1; r >= 0; --r) {
+        std::vector<kfa::dist::Segment> rs(m_segs_of(r, segs));
+        long nr = 0;
+        for (const auto& s : rs) nr += s.length;
+        std::vector<T> buf(static_cast<size_t>(info.dims[0] * nr * row));
+        detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+        detail::select_rows(fspace, info.dims, 1, rs);
+        const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(nr),
+                                  static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
+        detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
+        if (nr > 0 && H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
+          kfa::detail::fail("kfa::io: reading dataset '", name, "' of ", m_path, " failed");
+        if (r == 0) out.swap(buf);
+        else MPI_Send(buf.data(), static_cast<int>(buf.size() * sizeof(T)), MPI_BYTE, r, tag, m_comm);
+      }
+    } else {
+      MPI_Recv(out.data(), static_cast<int>(out.size() * sizeof(T)), MPI_BYTE, 0, tag, m_comm, MPI_STATUS_IGNORE);
+    }
+#endif
+  }
+
+ private:
+  // Serial mode: every rank's segments are gathered to rank 0 so it can read for them.
+  std::vector<kfa::dist::Segment> m_segs_of(int r, const std::vector<kfa::dist::Segment>& mine) {
+    long local[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < mine.size() && i < 2; ++i) local[2 * i] = mine[i].global_begin, local[2 * i + 1] = mine[i].length;
+    std::vector<long> all(4 * static_cast<size_t>(m_size));
+    if (m_all_segs.empty()) {
+      MPI_Allgather(local, 4, MPI_LONG, all.data(), 4, MPI_LONG, m_comm);
+      m_all_segs = all;
+    }
+    std::vector<kfa::dist::Segment> out;
+    long lb = 0;
+    for (int i = 0; i < 2; ++i) {
+      const long len = m_all_segs[4 * r + 2 * i + 1];
+      if (len > 0 || i == 0) out.push_back({m_all_segs[4 * r + 2 * i], len, lb});
+      lb += len;
+    }
+    return out;
+  }
+  MPI_Comm m_comm;
+  std::string m_path;
+  int m_rank = 0, m_size = 1;
+  detail::Handle m_file;
+  std::vector<long> m_all_segs;
+};
+
+/// An output file written to `<path>.tmp-<id>` in the same directory and renamed to `path` by commit();
+/// destroyed without commit() (an error, a signal-free abort path), the temporary is removed, so a failed
+/// run never leaves a partial file and never replaces a good one. Collective.
+class Writer {
+ public:
+  Writer(const std::string& path, MPI_Comm comm) : m_comm(comm), m_path(path) {
+    MPI_Comm_rank(comm, &m_rank);
+    MPI_Comm_size(comm, &m_size);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    long id = static_cast<long>(MPI_Wtime() * 1e6) % 100000000;
+    MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
+    m_tmp = path + ".tmp-" + std::to_string(id);
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) {
+      detail::Handle fapl = detail::file_access(comm);
+      m_file = detail::Handle(H5Fcreate(m_tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+      if (m_file.id < 0) err = "kfa::io: --output " + path + ": cannot create " + m_tmp + " (is the directory writable?)";
+    }
+    detail::agree(comm, err);
+  }
+  ~Writer() {
+    if (m_committed) return;
+    m_file.reset();
+    if (m_rank == 0) std::remove(m_tmp.c_str());
+  }
+  /// Writes the rows `segs` (along `seq_dim`) of dataset `name` with global `dims`, from `data` laid out
+  /// with the local rows in segment order. Stored as float64 or float32 like T. Collective.
+  template <class T>
+  void write_rows(const std::string& name, const std::vector<long>& dims, int seq_dim,
+                  const std::vector<kfa::dist::Segment>& segs, const std::vector<T>& data) {
+    const hid_t type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+    std::vector<hsize_t> hd(dims.begin(), dims.end());
+#ifdef H5_HAVE_PARALLEL
+    detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
+    detail::Handle ds(detail::check(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                    "H5Dcreate2 " + name),
+                      H5Dclose);
+    detail::select_rows(fspace, dims, seq_dim, segs);
+    std::vector<hsize_t> md(hd);
+    long n = 0;
+    for (const auto& s : segs) n += s.length;
+    md[seq_dim] = static_cast<hsize_t>(n);
+    detail::Handle mspace(H5Screate_simple(static_cast<int>(md.size()), md.data(), nullptr), H5Sclose);
+    if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
+    detail::Handle dxpl = detail::transfer();
+    if (H5Dwrite(ds, type, mspace, fspace, dxpl, data.data()) < 0)
+      kfa::detail::fail("kfa::io: writing dataset '", name, "' to ", m_tmp, " failed");
+#else
+    const int tag = 78;
+    if (m_rank == 0) {
+      detail::Handle fspace0(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
+      detail::Handle ds(detail::check(H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, H5P_DEFAULT,
+                                                 H5P_DEFAULT),
+                                      "H5Dcreate2 " + name),
+                        H5Dclose);
+      for (int r = 0; r < m_size; ++r) {
+        long hdr[4];
+        std::vector<T> buf;
+        std::vector<kfa::dist::Segment> rs;
+        if (r == 0) {
+          rs = segs;
+          buf = data;
+        } else {
+          MPI_Recv(hdr, 4, MPI_LONG, r, tag, m_comm, MPI_STATUS_IGNORE);
+          long lb = 0;
+          for (int i = 0; i < 2; ++i)
+            if (hdr[2 * i + 1] > 0) rs.push_back({hdr[2 * i], hdr[2 * i + 1], lb}), lb += hdr[2 * i + 1];
+          long count = lb;
+          for (size_t i = 0; i < dims.size(); ++i)
+            if (static_cast<int>(i) != seq_dim) count *= dims[i];
+          buf.resize(static_cast<size_t>(count));
+          MPI_Recv(buf.data(), static_cast<int>(buf.size() * sizeof(T)), MPI_BYTE, r, tag, m_comm, MPI_STATUS_IGNORE);
+        }
+        detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+        detail::select_rows(fspace, dims, seq_dim, rs);
+        std::vector<hsize_t> md(hd);
+        long n = 0;
+        for (const auto& s : rs) n += s.length;
+        md[seq_dim] = static_cast<hsize_t>(n);
+        detail::Handle mspace(H5Screate_simple(static_cast<int>(md.size()), md.data(), nullptr), H5Sclose);
+        if (n > 0 && H5Dwrite(ds, type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
+          kfa::detail::fail("kfa::io: writing dataset '", name, "' to ", m_tmp, " failed");
+      }
+    } else {
+      long hdr[4] = {0, 0, 0, 0};
+      for (size_t i = 0; i < segs.size() && i < 2; ++i) hdr[2 * i] = segs[i].global_begin, hdr[2 * i + 1] = segs[i].length;
+      MPI_Send(hdr, 4, MPI_LONG, 0, tag, m_comm);
+      MPI_Send(data.data(), static_cast<int>(data.size() * sizeof(T)), MPI_BYTE, 0, tag, m_comm);
+    }
+#endif
+  }
+  /// A string attribute on the file's root group (same value on every rank). Collective.
+  void attribute(const std::string& key, const std::string& value) {
+    if (!parallel_hdf5() && m_rank != 0) return;
+    detail::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, value.size() + 1);
+    detail::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    detail::Handle attr(H5Acreate2(m_file, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    H5Awrite(attr, type, value.c_str());
+  }
+  /// Closes the temporary and renames it to the final path. Collective.
+  void commit() {
+    m_file.reset();
+    MPI_Barrier(m_comm);
+    std::string err;
+    if (m_rank == 0 && std::rename(m_tmp.c_str(), m_path.c_str()) != 0)
+      err = "kfa::io: renaming " + m_tmp + " to " + m_path + " failed";
+    detail::agree(m_comm, err);
+    m_committed = true;
+  }
+  const std::string& temporary_path() const { return m_tmp; }
+
+ private:
+  MPI_Comm m_comm;
+  std::string m_path, m_tmp;
+  int m_rank = 0, m_size = 1;
+  detail::Handle m_file;
+  bool m_committed = false;
+};
+
+}  // namespace io
+}  // namespace kfa
