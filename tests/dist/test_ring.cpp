@@ -150,6 +150,18 @@ TYPED_TEST(Ring, SlidingWindowAndSoftcap) {
   check_ring<TypeParam>({Layout::zigzag, w, Shape{1, 29 * p + 1, 29 * p + 1, 2, 2, 32}, {}}, true);
 }
 
+// A window shorter than a shard: the ring stops after one step (nothing beyond is visible) and the dK/dV
+// accumulators jump straight home; results must not change.
+TYPED_TEST(Ring, WindowShorterThanShardStopsEarly) {
+  const int p = world_size();
+  RefOptions w;
+  w.causal = true, w.window_left = 10;
+  check_ring<TypeParam>({Layout::contiguous, w, Shape{1, 30 * p, 30 * p, 2, 1, 32}, {}}, true);
+  RefOptions local;
+  local.window_left = 0, local.window_right = 0;  // only the diagonal: every block but the own one is masked
+  check_ring<TypeParam>({Layout::contiguous, local, Shape{1, 25 * p + 2, 25 * p + 2, 2, 2, 16}, {}}, true);
+}
+
 TYPED_TEST(Ring, UnevenExplicitShards) {
   const int p = world_size();
   std::vector<long> len(p);

@@ -208,8 +208,9 @@ void copy_into(const ExecSpace& space, const Dst& dst, const Src& src, const cha
 template <class ExecSpace, class View>
 class RingExchange {
  public:
+  /// Sends to rank + shift and receives from rank − shift (mod size); shift 1 is one step around the ring.
   RingExchange(const ExecSpace& space, const Ring& ring, const View& send, std::size_t send_count, const View& recv,
-               std::size_t recv_count, int tag)
+               std::size_t recv_count, int tag, int shift = 1)
       : m_space(space), m_send(send), m_recv(recv) {
     using T = typename View::non_const_value_type;
     constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible;
@@ -218,7 +219,8 @@ class RingExchange {
     if (sb > 2147483647UL || rb > 2147483647UL)
       kfa::detail::fail("kfa::dist: a ring message of ", std::max(sb, rb), " bytes exceeds 2^31 - 1; use more ranks");
     m_space.fence();  // the data to send is complete before MPI reads it
-    const int next = (ring.rank() + 1) % ring.size(), prev = (ring.rank() + ring.size() - 1) % ring.size();
+    const int sz = ring.size(), sh = ((shift % sz) + sz) % sz;
+    const int next = (ring.rank() + sh) % sz, prev = (ring.rank() + sz - sh) % sz;
     if (stage) {
       m_send_host = Kokkos::create_mirror_view(send);
       m_recv_host = Kokkos::create_mirror_view(recv);
@@ -295,6 +297,21 @@ inline bool block_visible(const Segment& qs, const Segment& ks, const ShardMap& 
   return mask.key_begin(0) < mask.key_end(qs.length);
 }
 
+/// The last ring step at which any rank sees any key of the shard visiting it. Beyond it (a sliding window
+/// shorter than the ring, say) every block is masked, so the ring stops there and exchanges nothing more.
+/// Every rank computes the same answer from the shared shard map, without communicating.
+inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, int p) {
+  int last = 0;
+  for (int s = 1; s < p; ++s)
+    for (int r = 0; r < p && last < s; ++r)
+      for (const Segment& qs : map.q_segments(r))
+        for (const Segment& ks : map.k_segments((r - s + p) % p)) {
+          kfa::detail::Positions pos;
+          if (block_visible(qs, ks, map, opts, pos)) last = s;
+        }
+  return last;
+}
+
 }  // namespace detail
 
 /// Ring attention forward over the ranks of `ring`: each rank passes its shard of q [batch, n_q(rank),
@@ -330,13 +347,14 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
   if (timed) stats->steps.assign(p, RingStepStats{});
   const double t_begin = detail::stamp(space, timed);
 
-  for (int s = 0; s < p; ++s) {
+  const int last = detail::last_needed_step(map, opts, p);
+  for (int s = 0; s <= last; ++s) {
     const double t0 = detail::stamp(space, timed);
     int blocks = 0;
     double merge_s = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
     std::unique_ptr<detail::RingExchange<ExecSpace, typename decltype(cur)::Flat>> ex;
-    if (s + 1 < p)
+    if (s < last)
       ex.reset(new detail::RingExchange<ExecSpace, typename decltype(cur)::Flat>(
           space, ring, cur.data, cur.count(map.k_length(owner)), nxt.data, nxt.count(map.k_length(incoming)), s));
     const long nk = map.k_length(owner);
@@ -362,8 +380,8 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
     }
     if (timed)
       stats->steps[s] = {t1 - t0 - merge_s, merge_s, detail::stamp(space, true) - t1,
-                         s + 1 < p ? cur.count(map.k_length(owner)) * sizeof(T) : 0, blocks};
-    if (timed && stats->on_step) stats->on_step(s + 1, p);
+                         s < last ? cur.count(map.k_length(owner)) * sizeof(T) : 0, blocks};
+    if (timed && stats->on_step) stats->on_step(s + 1, last + 1);
   }
   detail::copy_into(space, o, o_acc, "kfa::dist::ring_forward::store_o");
   Kokkos::parallel_for("kfa::dist::ring_forward::store_lse",
@@ -408,13 +426,14 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   if (timed) stats->steps.assign(p, RingStepStats{});
   const double t_begin = detail::stamp(space, timed);
 
-  for (int s = 0; s < p; ++s) {
+  const int last = detail::last_needed_step(map, opts, p);
+  for (int s = 0; s <= last; ++s) {
     const double t0 = detail::stamp(space, timed);
     int blocks = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
     using Ex = detail::RingExchange<ExecSpace, typename decltype(kv)::Flat>;
     std::unique_ptr<Ex> ex;
-    if (s + 1 < p)
+    if (s < last)
       ex.reset(new Ex(space, ring, kv.data, kv.count(map.k_length(owner)), kv_next.data,
                       kv_next.count(map.k_length(incoming)), 2 * s));
     const long nk = map.k_length(owner);
@@ -436,9 +455,12 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
         if (ex) ex->poke();
       }
     const double t1 = detail::stamp(space, timed);
-    // The accumulators move one hop per step; the hop after the last step brings each rank its own.
+    // The accumulators move one hop per step with K/V; after the last needed step they go straight home
+    // (one hop when the ring went all the way round, back `last` ranks when it stopped early).
     using ExA = detail::RingExchange<ExecSpace, typename decltype(dkv)::Flat>;
-    ExA ex_acc(space, ring, dkv.data, dkv.count(nk), dkv_next.data, dkv_next.count(map.k_length(incoming)), 2 * s + 1);
+    const bool home = s == last;
+    ExA ex_acc(space, ring, dkv.data, dkv.count(nk), dkv_next.data,
+               dkv_next.count(map.k_length(home ? me : incoming)), 2 * s + 1, home ? -last : 1);
     ex_acc.wait();
     std::swap(dkv, dkv_next);
     if (ex) {
@@ -447,8 +469,8 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     }
     if (timed)
       stats->steps[s] = {t1 - t0, 0.0, detail::stamp(space, true) - t1,
-                         (s + 1 < p ? kv.count(nk) * sizeof(T) : 0) + dkv.count(nk) * sizeof(Acc), blocks};
-    if (timed && stats->on_step) stats->on_step(s + 1, p);
+                         (s < last ? kv.count(nk) * sizeof(T) : 0) + dkv.count(nk) * sizeof(Acc), blocks};
+    if (timed && stats->on_step) stats->on_step(s + 1, last + 1);
   }
   detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
   detail::copy_into(space, dk, dkv.tile(map.k_length(me), 0), "kfa::dist::ring_backward::store_dk");
