@@ -437,7 +437,8 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
       ex.reset(new Ex(space, ring, kv.data, kv.count(map.k_length(owner)), kv_next.data,
                       kv_next.count(map.k_length(incoming)), 2 * s));
     const long nk = map.k_length(owner);
-    const auto kt = kv.tile(nk, 0), vt = kv.tile(nk, 1), dkt = dkv.tile(nk, 0), dvt = dkv.tile(nk, 1);
+    const auto kt = kv.tile(nk, 0), vt = kv.tile(nk, 1);      // element type T
+    const auto dkt = dkv.tile(nk, 0), dvt = dkv.tile(nk, 1);  // accumulation type
     for (const Segment& qs : map.q_segments(me))
       for (const Segment& ks : map.k_segments(owner)) {
         kfa::detail::Positions pos;
