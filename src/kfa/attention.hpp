@@ -3,6 +3,7 @@
 #include <kfa/detail/backward_kernel.hpp>
 #include <kfa/detail/checks.hpp>
 #include <kfa/detail/forward_kernel.hpp>
+#include <kfa/detail/tc_dispatch.hpp>
 #include <kfa/options.hpp>
 #include <kfa/tiling.hpp>
 
@@ -109,19 +110,36 @@ void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV&
                   const LV& lse, const AttentionOptions& opts, const Positions& pos) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
+  const int d = static_cast<int>(q.extent(3));
+  std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
+  if (why_not.empty()) why_not = tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward");
+  tc_add_view_problem(why_not, "q", q);
+  tc_add_view_problem(why_not, "k", k);
+  tc_add_view_problem(why_not, "v", v);
+  tc_add_view_problem(why_not, "o", o);
+  const bool tc = use_tensor_cores(fn, opts.path, why_not);
+  const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
+                     opts.window_left, opts.window_right);
+  const double scale = resolved_scale<T>(opts, q.extent(3));
+  if (tc) {
+    const TileConfig tiles = tc_forward_tiles(d, static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>()));
+    compat::ScopedRegion region(std::string(fn) + "[tensor_core," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
+                                to_string(tiles) + "]");
+    if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+    if constexpr (has_tensor_core_path<ExecSpace, T>::value)
+      tc_forward_launch(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
+    return;
+  }
   const TileConfig tiles = forward_tile_config(space, q, k, opts);
   if (opts.block_q > 0 && tiles.scratch_l1 > static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1)))
     fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1, " B of level-1 scratch, more than the backend's ",
          Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  const std::string path = "portable";
-  compat::ScopedRegion region(std::string(fn) + "[" + path + "," + dtype_name<T>() + ",d" +
-                              std::to_string(q.extent(3)) + "," + to_string(tiles) + "]");
+  compat::ScopedRegion region(std::string(fn) + "[portable," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
+                              to_string(tiles) + "]");
   if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
 
-  const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
-                     opts.window_left, opts.window_right);
   using Kernel = ForwardKernel<ExecSpace, QV, KV, VV, OV, LV>;
-  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(resolved_scale<T>(opts, q.extent(3))),
+  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(scale),
                       static_cast<Acc>(opts.softcap), mask, tiles);
   const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
   if (league > 2147483647L) fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
@@ -165,13 +183,30 @@ void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV
                    const AttentionOptions& opts, const Positions& pos) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
-  const BackwardTileConfig tiles = backward_tile_config(space, q, k, opts);
+  const int d = static_cast<int>(q.extent(3));
+  std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
+  if (why_not.empty()) {
+    const BackwardTileConfig t = tc_backward_tiles(d, 0);
+    // one override serves both kernels only where they agree; the portable path honours any
+    why_not = tc_block_problem(opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
+    if (why_not.empty()) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
+  }
+  tc_add_view_problem(why_not, "q", q);
+  tc_add_view_problem(why_not, "k", k);
+  tc_add_view_problem(why_not, "v", v);
+  tc_add_view_problem(why_not, "d_o", d_o);
+  tc_add_view_problem(why_not, "dq", dq);
+  tc_add_view_problem(why_not, "dk", dk);
+  tc_add_view_problem(why_not, "dv", dv);
+  const bool tc = use_tensor_cores(fn, opts.path, why_not);
+  const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
+  const BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max) : backward_tile_config(space, q, k, opts);
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  if (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max)
+  if (!tc && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
                  " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
-  compat::ScopedRegion region(std::string(fn) + "[portable," + dtype_name<T>() + ",d" + std::to_string(q.extent(3)) +
-                              "," + to_string(tiles) + "]");
+  compat::ScopedRegion region(std::string(fn) + (tc ? "[tensor_core," : "[portable,") + dtype_name<T>() + ",d" +
+                              std::to_string(d) + "," + to_string(tiles) + "]");
   const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
   const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
   if (batch == 0) return;
@@ -191,6 +226,12 @@ void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV
                          Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
                          RowDotKernel<ExecSpace, OV, DOV, DD>{o, d_o, dd});
 
+  if (tc) {
+    if constexpr (has_tensor_core_path<ExecSpace, T>::value)
+      tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
+                         static_cast<float>(opts.softcap), mask);
+    return;
+  }
   if (nk > 0) {
     using K1 = DkDvKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
     const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, static_cast<Acc>(opts.softcap), mask, tiles.dkdv);

@@ -5,8 +5,10 @@ namespace kfa {
 
 /// Which implementation of the tile products to use.
 enum class TileProductPath {
-  automatic,  ///< best available for the execution space and element type
-  portable,   ///< team/vector loops that every backend runs (the reference path)
+  automatic,    ///< tensor cores where they can run these inputs (see has_tensor_core_path), else portable
+  portable,     ///< team/vector loops that every backend runs (the reference path)
+  tensor_core,  ///< mma.sync tile products on CUDA sm_80+ for half/bfloat16, head dim 64 or 128, unit
+                ///< head-dim stride and 16-byte-aligned rows; asking for it elsewhere is a kfa::Error
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.
@@ -21,7 +23,8 @@ struct AttentionOptions {
   int window_right = -1;
   /// Scores become softcap · tanh(score / softcap) after scaling; 0 means off. Must be finite and ≥ 0.
   double softcap = 0.0;
-  /// Query rows per team (0: chosen from the scratch budget). A multiple of 8 when set.
+  /// Query rows per team (0: chosen from the scratch budget). A multiple of 8 when set. The tensor-core
+  /// path has fixed tiles per head dim; an override it cannot honour makes `automatic` pick portable.
   int block_q = 0;
   /// Keys per streamed K/V tile (0: chosen from the scratch budget). A multiple of 8 when set.
   int block_k = 0;
@@ -34,6 +37,7 @@ inline std::string to_string(TileProductPath p) {
   switch (p) {
     case TileProductPath::automatic: return "automatic";
     case TileProductPath::portable: return "portable";
+    case TileProductPath::tensor_core: return "tensor_core";
   }
   return "unknown";
 }

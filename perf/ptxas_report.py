@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""Registers, stack frame and spills of kfa's kernels from an `nvcc -Xptxas -v` log (kernel names
+demangled with c++filt and shortened to the kfa functor and its element type).
+
+  python3 perf/ptxas_report.py build.log
+"""
+import re
+import subprocess
+import sys
+
+cur = None
+seen = set()
+for line in open(sys.argv[1]):
+    m = re.search(r"Compiling entry function '([^']+)'", line)
+    if m:
+        name = subprocess.run(["c++filt", m.group(1)], capture_output=True, text=True).stdout
+        k = re.search(r"kfa::detail::(\w+Kernel)<([^,>]+(?:, (?:true|false))?)", name)
+        t = re.search(r"View<(?:Kokkos::Experimental::)?(\w+)(?: const)?\*\*\*\*", name)
+        cur = f"{k.group(1)}<{k.group(2)}> {t.group(1) if t else '?'}" if k else None
+        stack = None
+    elif cur and "stack frame" in line:
+        stack = line.strip()
+    elif cur and "registers" in line:
+        regs = re.search(r"Used (\d+) registers", line).group(1)
+        key = (cur, regs, stack)
+        if key not in seen:
+            seen.add(key)
+            print(f"{cur:70s} {regs:>4s} regs  {stack}")

@@ -1,0 +1,382 @@
+#pragma once
+/// The backward team kernels on tensor cores (Kokkos::Cuda, half/bfloat16, sm_80+). Same algorithm and
+/// launches as backward_kernel.hpp (D = rowsum(dO ∘ O) first, then a dK/dV kernel and a dQ kernel, no
+/// atomics, bitwise reproducible), with every tile product on mma.sync and each warp owning 16 rows:
+///
+///   dK/dV (one team per batch, kv head, 64 keys): K read through L1 (A of Sᵀ = K·Qᵀ), V in scratch (A of
+///     dPᵀ = V·dOᵀ), Q and dO tiles streamed through scratch with cp.async; Pᵀ and dSᵀ go from the C
+///     layout straight into A fragments of dV += Pᵀ·dO and dK += dSᵀ·Q; dK and dV stay in fp32 registers
+///     over every query head of the group and every visible query tile.
+///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed;
+///     S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
+/// The next tile's loads are issued as soon as the current tile's last reader is done (cp.async), so the
+/// load overlaps the rest of the tile's products.
+#include <kfa/detail/mask.hpp>
+#include <kfa/detail/tc_common.hpp>
+
+namespace kfa {
+namespace detail {
+
+/// Tile shapes of the tensor-core backward per head dim: the owned block is 16 rows per warp, the
+/// streamed block is what fits beside it in 40 KB of level-0 scratch with registers below 255 per thread.
+template <int D>
+struct TcBackwardShape {
+  static constexpr int warps = 4;
+  static constexpr int pitch = D + 8;
+  static constexpr int dkdv_block_k = 16 * warps;            // owned keys
+  static constexpr int dkdv_block_q = D > 64 ? 32 : 64;      // streamed query rows
+  static constexpr int dq_block_q = 16 * warps;              // owned query rows
+  static constexpr int dq_block_k = D > 64 ? 32 : 64;        // streamed keys
+  // dK/dV: V[bk] + Q[bq] + dO[bq] tiles (16-bit, padded rows) + lse[bq] + D[bq] (fp32)
+  static constexpr std::size_t dkdv_scratch = (dkdv_block_k + 2u * dkdv_block_q) * pitch * 2 + 2u * dkdv_block_q * 4;
+  // dQ: K[bk] + V[bk]
+  static constexpr std::size_t dq_scratch = 2u * dq_block_k * pitch * 2;
+};
+
+#if KFA_HAS_TENSOR_CORES
+#if KFA_TC_DEVICE
+/// Pᵀ or P entries from raw scores: scale, softcap, mask (masked → 0), exp(x − lse); also returns the
+/// softcap derivative factor 1 − tanh² (1 without softcap) through `dcap`.
+template <bool Softcap>
+__device__ __forceinline__ float tc_recompute_p(float s, float scale, float softcap, float lse_row, bool visible,
+                                                float& dcap) {
+  float x = s * scale;
+  dcap = 1.f;
+  if (Softcap) {
+    const float th = tanhf(x / softcap);
+    x = softcap * th;
+    dcap = 1.f - th * th;
+  }
+  return visible ? __expf(x - lse_row) : 0.f;
+}
+#endif
+
+/// Softcap is a template parameter so that without it the 1 − tanh² factors take no registers.
+template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV, class DVV>
+struct TcDkDvKernel {
+  using T = typename QV::non_const_value_type;
+  using Shape = TcBackwardShape<D>;
+  static constexpr int WARPS = Shape::warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
+  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, 2>>;
+  using member_type = typename policy_type::member_type;
+
+  QV q;
+  KV k;
+  VV v;
+  DOV d_o;
+  LV lse;
+  DV dd;
+  DKV dk;
+  DVV dv;
+  int seq_q, seq_k, heads_kv, group, n_kblocks;
+  float scale, softcap;
+  KeyMask mask;
+
+  TcDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
+               const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_)
+      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), seq_q(static_cast<int>(q_.extent(1))),
+        seq_k(static_cast<int>(k_.extent(1))), heads_kv(static_cast<int>(k_.extent(2))),
+        group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
+        softcap(softcap_), mask(mask_) {}
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+#if KFA_TC_DEVICE
+    const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+    const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
+    const int lr = team.league_rank();
+    const int kb = lr % n_kblocks;
+    const int hk = (lr / n_kblocks) % heads_kv;
+    const int b = lr / (n_kblocks * heads_kv);
+    const int k0 = kb * BK;
+    const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const int wk0 = k0 + warp * 16;  // this warp's first key
+
+    char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dkdv_scratch)));
+    const std::uint32_t vs = tc::smem_addr(smem);
+    const std::uint32_t qs = vs + BK * P * 2;
+    const std::uint32_t dos = qs + BQ * P * 2;
+    float* lse_s = reinterpret_cast<float*>(smem + (BK + 2 * BQ) * P * 2);
+    float* dd_s = lse_s + BQ;
+
+    const long qb0 = mask.query_begin(k0);
+    const long qb1 = mask.query_end(k0 + keys, seq_q);
+    const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+    const int steps = n_qt * group;
+    const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
+    auto tile_rows = [&](int step) {
+      const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
+      return static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
+    };
+    auto issue = [&](int step) {
+      const int hq = hk * group + step / n_qt;
+      const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
+      const int rows = tile_rows(step);
+      tc::load_tile_async<D>(qs, reinterpret_cast<const std::uint16_t*>(q.data() + b * q.stride(0) + i * qstride +
+                                                                         hq * q.stride(2)),
+                             qstride, BQ, rows, tid, 32 * WARPS);
+      tc::load_tile_async<D>(dos, reinterpret_cast<const std::uint16_t*>(d_o.data() + b * d_o.stride(0) +
+                                                                          i * dostride + hq * d_o.stride(2)),
+                             dostride, BQ, rows, tid, 32 * WARPS);
+    };
+    if (steps > 0) {
+      tc::load_tile_async<D>(vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) +
+                                                                         hk * v.stride(2)),
+                             static_cast<long>(v.stride(1)), BK, keys, tid, 32 * WARPS);
+      issue(0);
+    }
+    tc::cp_async_commit();
+
+    // K rows g and g + 8 of this warp as A of Sᵀ = K·Qᵀ: re-read from L1/L2 for every tile rather than held
+    // in 32 more registers (which made the d = 128 instance spill).
+    const std::uint32_t* kr0 =
+        wk0 + g < seq_k ? reinterpret_cast<const std::uint32_t*>(&k(b, wk0 + g, hk, 0)) : nullptr;
+    const std::uint32_t* kr1 =
+        wk0 + g + 8 < seq_k ? reinterpret_cast<const std::uint32_t*>(&k(b, wk0 + g + 8, hk, 0)) : nullptr;
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
+
+    // Row-major operands as B (non-transposed, like K in the forward) and as B of a k-major product
+    // (transposed, like V in the forward); V as A (rows +0/+8 by lane bit 3, columns +0/+8 by bit 4).
+    const std::uint32_t b_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
+    const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+    const std::uint32_t a_lane = static_cast<std::uint32_t>(((warp * 16 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+
+    for (int step = 0; step < steps; ++step) {
+      const int hq = hk * group + step / n_qt;
+      const long i0 = qb0 + static_cast<long>(step % n_qt) * BQ;
+      const int rows = tile_rows(step);
+      for (int r = tid; r < BQ; r += 32 * WARPS) {
+        lse_s[r] = r < rows ? recompute_lse(static_cast<float>(lse(b, hq, i0 + r))) : compat::infinity<float>();
+        dd_s[r] = r < rows ? static_cast<float>(dd(b, hq, i0 + r)) : 0.f;
+      }
+      tc::cp_async_wait_all();
+      __syncthreads();  // Q, dO (and V) tiles, lse and D are in
+
+      // Sᵀ[key][query] = K·Qᵀ
+      float s[BQ / 8][4];
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t ka[4] = {kr0 ? __ldg(kr0 + kk * 8 + t4) : 0u, kr1 ? __ldg(kr1 + kk * 8 + t4) : 0u,
+                                     kr0 ? __ldg(kr0 + kk * 8 + 4 + t4) : 0u, kr1 ? __ldg(kr1 + kk * 8 + 4 + t4) : 0u};
+#pragma unroll
+        for (int n = 0; n < BQ / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4(bf, qs + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+          tc::mma<T>(s[n], ka, bf[0], bf[1]);
+          tc::mma<T>(s[n + 1], ka, bf[2], bf[3]);
+        }
+      }
+      const bool need_mask = rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK);
+      float dcap[BQ / 8][4];
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qq = n * 8 + 2 * t4 + (e & 1);
+          const bool vis = !need_mask || (qq < rows && mask.visible(i0 + qq, wk0 + g + (e >> 1) * 8));
+          s[n][e] = tc_recompute_p<Softcap>(s[n][e], scale, softcap, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
+        }
+      // dV += Pᵀ·dO
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        const std::uint32_t pa[4] = {cuda16<T>::pack(s[2 * kk][0], s[2 * kk][1]), cuda16<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                                     cuda16<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                     cuda16<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4_trans(bf, dos + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+          tc::mma<T>(dva[n], pa, bf[0], bf[1]);
+          tc::mma<T>(dva[n + 1], pa, bf[2], bf[3]);
+        }
+      }
+      // dPᵀ[key][query] = V·dOᵀ
+      float dp[BQ / 8][4];
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t va[4];
+        tc::ldmatrix_x4(va, vs + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
+#pragma unroll
+        for (int n = 0; n < BQ / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4(bf, dos + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+          tc::mma<T>(dp[n], va, bf[0], bf[1]);
+          tc::mma<T>(dp[n + 1], va, bf[2], bf[3]);
+        }
+      }
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap', then dK += dSᵀ·Q
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = s[n][e] * (dp[n][e] - dd_s[n * 8 + 2 * t4 + (e & 1)]) * dcap[n][e];
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        const std::uint32_t da[4] = {cuda16<T>::pack(s[2 * kk][0], s[2 * kk][1]), cuda16<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                                     cuda16<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                     cuda16<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4_trans(bf, qs + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+          tc::mma<T>(dka[n], da, bf[0], bf[1]);
+          tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
+        }
+      }
+      __syncthreads();  // every warp is done with this Q, dO, lse, D
+      if (step + 1 < steps) issue(step + 1);
+      tc::cp_async_commit();
+    }
+    tc::cp_async_wait_all();
+
+    const int r0 = wk0 + g, r1 = wk0 + g + 8;
+    tc::store_c_rows<D, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, 0) : nullptr,
+                           r1 < seq_k ? &dk(b, r1, hk, 0) : nullptr, t4);
+    tc::store_c_rows<D, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, 0) : nullptr,
+                           r1 < seq_k ? &dv(b, r1, hk, 0) : nullptr, t4);
+#else
+    (void)team;
+    Kokkos::abort("kfa: the tensor-core backward kernel ran on a device without sm_80 tensor cores");
+#endif
+  }
+};
+
+template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DQV>
+struct TcDqKernel {
+  using T = typename QV::non_const_value_type;
+  using Shape = TcBackwardShape<D>;
+  static constexpr int WARPS = Shape::warps, BQ = Shape::dq_block_q, BK = Shape::dq_block_k, P = Shape::pitch;
+  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, 2>>;
+  using member_type = typename policy_type::member_type;
+
+  QV q;
+  KV k;
+  VV v;
+  DOV d_o;
+  LV lse;
+  DV dd;
+  DQV dq;
+  int seq_q, heads_q, group, n_qblocks;
+  float scale, softcap;
+  KeyMask mask;
+
+  TcDqKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_, const DQV& dq_,
+             float scale_, float softcap_, const KeyMask& mask_)
+      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dq(dq_), seq_q(static_cast<int>(q_.extent(1))),
+        heads_q(static_cast<int>(q_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), softcap(softcap_), mask(mask_) {}
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+#if KFA_TC_DEVICE
+    const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+    const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
+    const int lr = team.league_rank();
+    const int qb = lr % n_qblocks;
+    const int h = (lr / n_qblocks) % heads_q;
+    const int b = lr / (n_qblocks * heads_q);
+    const int hk = h / group;
+    const int i0 = qb * BQ;
+    const int rows = (seq_q - i0) < BQ ? (seq_q - i0) : BQ;
+    const int wr0 = i0 + warp * 16;
+
+    char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
+    const std::uint32_t ks = tc::smem_addr(smem);
+    const std::uint32_t vs = ks + BK * P * 2;
+    const std::uint16_t* kbase = reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + hk * k.stride(2));
+    const std::uint16_t* vbase = reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + hk * v.stride(2));
+    const long kstride = static_cast<long>(k.stride(1)), vstride = static_cast<long>(v.stride(1));
+
+    const long j_begin = mask.key_begin(i0);
+    const long j_end = mask.key_end(i0 + rows);
+    auto issue = [&](long j0) {
+      const int cols = static_cast<int>(j_end - j0 < BK ? j_end - j0 : BK);
+      tc::load_tile_async<D>(ks, kbase + j0 * kstride, kstride, BK, cols, tid, 32 * WARPS);
+      tc::load_tile_async<D>(vs, vbase + j0 * vstride, vstride, BK, cols, tid, 32 * WARPS);
+    };
+    if (j_begin < j_end) issue(j_begin);
+    tc::cp_async_commit();
+
+    const int r0 = wr0 + g, r1 = wr0 + g + 8;
+    std::uint32_t qa[D / 16][4], oa[D / 16][4];
+    tc::load_a_rows<D>(qa, r0 < seq_q ? &q(b, r0, h, 0) : nullptr, r1 < seq_q ? &q(b, r1, h, 0) : nullptr, t4);
+    tc::load_a_rows<D>(oa, r0 < seq_q ? &d_o(b, r0, h, 0) : nullptr, r1 < seq_q ? &d_o(b, r1, h, 0) : nullptr, t4);
+    const float lse_r[2] = {r0 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r0))) : compat::infinity<float>(),
+                            r1 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r1))) : compat::infinity<float>()};
+    const float dd_r[2] = {r0 < seq_q ? static_cast<float>(dd(b, h, r0)) : 0.f,
+                           r1 < seq_q ? static_cast<float>(dd(b, h, r1)) : 0.f};
+    float dqa[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
+
+    const std::uint32_t b_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
+    const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+
+    for (long j0 = j_begin; j0 < j_end; j0 += BK) {
+      const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
+      tc::cp_async_wait_all();
+      __syncthreads();  // K_j, V_j are in
+      float s[BK / 8][4], dp[BK / 8][4];
+#pragma unroll
+      for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+        for (int n = 0; n < BK / 8; n += 2) {
+          std::uint32_t bk[4], bv[4];
+          tc::ldmatrix_x4(bk, ks + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+          tc::ldmatrix_x4(bv, vs + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+          tc::mma<T>(s[n], qa[kk], bk[0], bk[1]);
+          tc::mma<T>(s[n + 1], qa[kk], bk[2], bk[3]);
+          tc::mma<T>(dp[n], oa[kk], bv[0], bv[1]);
+          tc::mma<T>(dp[n + 1], oa[kk], bv[2], bv[3]);
+        }
+      const bool need_mask = cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK);
+#pragma unroll
+      for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int jj = n * 8 + 2 * t4 + (e & 1);
+          const bool vis = !need_mask || (jj < cols && mask.visible(wr0 + g + (e >> 1) * 8, j0 + jj));
+          float dcap;
+          const float p = tc_recompute_p<Softcap>(s[n][e], scale, softcap, lse_r[e >> 1], vis, dcap);
+          s[n][e] = p * (dp[n][e] - dd_r[e >> 1]) * dcap;  // dS
+        }
+      // dQ += dS·K
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const std::uint32_t da[4] = {cuda16<T>::pack(s[2 * kk][0], s[2 * kk][1]), cuda16<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                                     cuda16<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                     cuda16<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4_trans(bf, ks + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+          tc::mma<T>(dqa[n], da, bf[0], bf[1]);
+          tc::mma<T>(dqa[n + 1], da, bf[2], bf[3]);
+        }
+      }
+      __syncthreads();  // every warp is done with K_j, V_j
+      if (j0 + BK < j_end) issue(j0 + BK);
+      tc::cp_async_commit();
+    }
+    tc::cp_async_wait_all();
+    tc::store_c_rows<D, T>(dqa, scale, scale, r0 < seq_q ? &dq(b, r0, h, 0) : nullptr,
+                           r1 < seq_q ? &dq(b, r1, h, 0) : nullptr, t4);
+#else
+    (void)team;
+    Kokkos::abort("kfa: the tensor-core backward kernel ran on a device without sm_80 tensor cores");
+#endif
+  }
+};
+#endif
+
+}  // namespace detail
+}  // namespace kfa

@@ -1,0 +1,204 @@
+#pragma once
+/// Tensor-core building blocks for the CUDA tile products (sm_80 and newer): the trait that says where
+/// the tensor-core path exists, the run-time eligibility test, and the warp-level PTX wrappers
+/// (mma.sync m16n8k16 with fp32 accumulation, ldmatrix, cp.async) the tensor-core team kernels use.
+///
+/// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+///   A 16×16 row-major, 4 registers of 2 elements: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
+///   B 16×8  ("col"),   2 registers of 2 elements: (k = 2t..2t+1, n = g), (k = 2t+8.., n = g)
+///   C 16×8  fp32,      4 values: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+/// Two neighbouring C tiles (16×16 in all) converted to 16-bit are exactly one A fragment, which is how
+/// P = softmax(S) feeds P·V without leaving registers.
+#include <kfa/compat.hpp>
+#include <kfa/types.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace kfa {
+
+/// True where attention can run its tile products on tensor cores: Kokkos::Cuda with half or bfloat16
+/// elements, built for sm_80 or newer. The run-time side (device capability, head dim, strides,
+/// alignment) is detail::tensor_core_ineligible().
+template <class ExecSpace, class T>
+struct has_tensor_core_path : std::false_type {};
+
+#if defined(KOKKOS_ENABLE_CUDA) &&                                                                          \
+    (defined(KOKKOS_ARCH_AMPERE) || defined(KOKKOS_ARCH_ADA89) || defined(KOKKOS_ARCH_HOPPER) ||           \
+     defined(KOKKOS_ARCH_BLACKWELL))
+#define KFA_HAS_TENSOR_CORES 1
+#if KFA_HAS_HALF
+template <>
+struct has_tensor_core_path<Kokkos::Cuda, compat::half_t> : std::true_type {};
+#endif
+#if KFA_HAS_BHALF
+template <>
+struct has_tensor_core_path<Kokkos::Cuda, compat::bhalf_t> : std::true_type {};
+#endif
+#else
+#define KFA_HAS_TENSOR_CORES 0
+#endif
+
+namespace detail {
+
+/// Head dims the tensor-core kernels are instantiated for.
+inline bool tc_head_dim_supported(int d) { return d == 64 || d == 128; }
+
+/// Why a view cannot feed the tensor-core kernels (16-byte cp.async rows need a unit stride over the
+/// head dim, 16-byte-aligned data and row strides that are multiples of 8 elements), or nullptr.
+template <class V>
+const char* tc_view_problem(const V& v) {
+  using T = typename V::non_const_value_type;
+  static_assert(V::rank == 4, "rank-4 views only");
+  if (v.span() == 0) return nullptr;
+  if (v.stride(3) != 1) return "its head_dim stride is not 1";
+  if (reinterpret_cast<std::uintptr_t>(v.data()) % 16 != 0) return "its data is not 16-byte aligned";
+  const std::size_t per16 = 16 / sizeof(T);
+  if (v.stride(0) % per16 != 0 || v.stride(1) % per16 != 0 || v.stride(2) % per16 != 0)
+    return "its strides are not multiples of 16 bytes";
+  return nullptr;
+}
+
+#if KFA_HAS_TENSOR_CORES
+/// Bits of a 16-bit element type as CUDA's own type.
+template <class T>
+struct cuda16;
+#if KFA_HAS_HALF
+template <>
+struct cuda16<compat::half_t> {
+  using type = __half;
+  using type2 = __half2;
+  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+};
+#endif
+#if KFA_HAS_BHALF
+template <>
+struct cuda16<compat::bhalf_t> {
+  using type = __nv_bfloat16;
+  using type2 = __nv_bfloat162;
+  static __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+};
+#endif
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KFA_TC_DEVICE 1
+namespace tc {
+
+/// d += a·b for one m16n8k16 tile, fp32 accumulation.
+template <class T>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+#if KFA_HAS_BHALF
+  if (std::is_same<T, compat::bhalf_t>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    return;
+  }
+#endif
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// Four 8×8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// 16 bytes global → shared without staging in registers; `valid` false writes zeros (src not read).
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/// Copies `rows` × D 16-bit elements (row r at src + r·stride) into a shared tile with row pitch D + 8
+/// (the 16-byte pad keeps ldmatrix's eight row addresses in distinct banks); rows ≥ valid are zeroed.
+template <int D>
+__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* src, long stride, int rows,
+                                                int valid, int tid, int nthreads) {
+  constexpr int chunks = D / 8;  // 16-byte chunks per row
+  for (int c = tid; c < rows * chunks; c += nthreads) {
+    const int r = c / chunks, x = c % chunks;
+    const bool ok = r < valid;
+    const std::uint16_t* p = src + (ok ? r * stride : 0) + x * 8;
+    cp_async16(dst + static_cast<std::uint32_t>((r * (D + 8) + x * 8) * 2), p, ok);
+  }
+}
+
+/// A fragments of a 16 × D row block straight from global memory: r0 = row g, r1 = row g + 8 of the
+/// block (nullptr: a row past the end, read as zeros). Used once per kernel for the operand a warp keeps.
+template <int D, class T>
+__device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[D / 16][4], const T* r0, const T* r1, int t4) {
+  const std::uint32_t* p0 = reinterpret_cast<const std::uint32_t*>(r0);
+  const std::uint32_t* p1 = reinterpret_cast<const std::uint32_t*>(r1);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    a[kk][0] = p0 ? p0[kk * 8 + t4] : 0u;
+    a[kk][1] = p1 ? p1[kk * 8 + t4] : 0u;
+    a[kk][2] = p0 ? p0[kk * 8 + 4 + t4] : 0u;
+    a[kk][3] = p1 ? p1[kk * 8 + 4 + t4] : 0u;
+  }
+}
+
+/// Writes a warp's 16 × D fp32 accumulator (C layout, times `mul`) as rows of 16-bit T; r0/r1 as above.
+template <int D, class T, class Out>
+__device__ __forceinline__ void store_c_rows(const float (&c)[D / 8][4], float mul0, float mul1, Out* r0, Out* r1,
+                                             int t4) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    if (std::is_same<Out, float>::value) {
+      if (r0) *reinterpret_cast<float2*>(r0 + n * 8 + 2 * t4) = make_float2(c[n][0] * mul0, c[n][1] * mul0);
+      if (r1) *reinterpret_cast<float2*>(r1 + n * 8 + 2 * t4) = make_float2(c[n][2] * mul1, c[n][3] * mul1);
+    } else {
+      if (r0) *reinterpret_cast<std::uint32_t*>(r0 + n * 8 + 2 * t4) = cuda16<T>::pack(c[n][0] * mul0, c[n][1] * mul0);
+      if (r1) *reinterpret_cast<std::uint32_t*>(r1 + n * 8 + 2 * t4) = cuda16<T>::pack(c[n][2] * mul1, c[n][3] * mul1);
+    }
+  }
+}
+
+}  // namespace tc
+#else
+#define KFA_TC_DEVICE 0
+#endif
+
+}  // namespace detail
+}  // namespace kfa

@@ -1,0 +1,180 @@
+#pragma once
+/// Choosing between the portable and the tensor-core tile products (AttentionOptions::path), and the
+/// launches of the tensor-core kernels. Everything CUDA-specific compiles only where
+/// has_tensor_core_path holds; elsewhere the launchers are never instantiated.
+#include <kfa/detail/mask.hpp>
+#include <kfa/detail/tc_backward.hpp>
+#include <kfa/detail/tc_forward.hpp>
+#include <kfa/error.hpp>
+#include <kfa/options.hpp>
+#include <kfa/tiling.hpp>
+#include <kfa/types.hpp>
+
+#include <string>
+
+namespace kfa {
+namespace detail {
+
+/// Why the tensor-core kernels cannot run T elements with this head dim on `space` ("" when they can).
+template <class ExecSpace, class T>
+std::string tc_space_problem(const ExecSpace& space, int head_dim) {
+  if (!has_tensor_core_path<ExecSpace, T>::value)
+    return std::string("there is no tensor-core path for ") + dtype_name<T>() + " on " + ExecSpace::name() +
+           " (it needs Kokkos::Cuda built for sm_80 or newer and half or bfloat16 elements)";
+#if KFA_HAS_TENSOR_CORES
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    const auto& prop = space.cuda_device_prop();
+    if (prop.major < 8)
+      return "the device has compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+             " (tensor-core kernels need 8.0 or newer)";
+  }
+#else
+  (void)space;
+#endif
+  if (!tc_head_dim_supported(head_dim))
+    return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for 64 and 128)";
+  return "";
+}
+
+/// Appends the first problem of a view to `why` ("" when none so far).
+template <class V>
+void tc_add_view_problem(std::string& why, const char* name, const V& v) {
+  if (!why.empty()) return;
+  if (const char* p = tc_view_problem(v)) why = std::string(name) + ": " + p;
+}
+
+/// A block-size override the tensor-core kernels cannot honour, or "".
+inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, int block_k, const char* kernel) {
+  if (opts.block_q > 0 && opts.block_q != block_q)
+    return "opts.block_q = " + std::to_string(opts.block_q) + " (the tensor-core " + kernel + " uses " +
+           std::to_string(block_q) + ")";
+  if (opts.block_k > 0 && opts.block_k != block_k)
+    return "opts.block_k = " + std::to_string(opts.block_k) + " (the tensor-core " + kernel + " uses " +
+           std::to_string(block_k) + ")";
+  return "";
+}
+
+/// opts.path resolved: true to run on tensor cores. `why_not` is "" when they can run; asking for
+/// tensor_core when they cannot is an error naming the reason.
+inline bool use_tensor_cores(const char* fn, TileProductPath path, const std::string& why_not) {
+  switch (path) {
+    case TileProductPath::portable: return false;
+    case TileProductPath::tensor_core:
+      if (!why_not.empty()) fail(fn, ": opts.path = tensor_core but ", why_not);
+      return true;
+    case TileProductPath::automatic: break;
+  }
+  return why_not.empty();
+}
+
+template <int D>
+TileConfig tc_forward_tiles(std::size_t l0_max) {
+  TileConfig t;
+  t.block_q = TcForwardShape<D>::block_q;
+  t.block_k = TcForwardShape<D>::block_k;
+  t.team_size = 32 * TcForwardShape<D>::warps;
+  t.scratch_l0 = TcForwardShape<D>::scratch_l0;
+  t.scratch_l0_max = l0_max;
+  return t;
+}
+
+template <int D>
+BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
+  using S = TcBackwardShape<D>;
+  BackwardTileConfig t;
+  t.dkdv.block_q = S::dkdv_block_q;
+  t.dkdv.block_k = S::dkdv_block_k;
+  t.dkdv.scratch_l0 = S::dkdv_scratch;
+  t.dq.block_q = S::dq_block_q;
+  t.dq.block_k = S::dq_block_k;
+  t.dq.scratch_l0 = S::dq_scratch;
+  for (TileConfig* c : {&t.dkdv, &t.dq}) {
+    c->team_size = 32 * S::warps;
+    c->scratch_l0_max = l0_max;
+  }
+  return t;
+}
+
+/// Tiles of the tensor-core kernels for a head dim they support.
+inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
+  return head_dim == 64 ? tc_forward_tiles<64>(l0_max) : tc_forward_tiles<128>(l0_max);
+}
+inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max) {
+  return head_dim == 64 ? tc_backward_tiles<64>(l0_max) : tc_backward_tiles<128>(l0_max);
+}
+
+template <int D, class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void tc_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                         float scale, float softcap, const KeyMask& mask) {
+#if KFA_HAS_TENSOR_CORES
+  using Kernel = TcForwardKernel<D, QV, KV, VV, OV, LV>;
+  const Kernel kernel(q, k, v, o, lse, scale, softcap, mask);
+  const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
+  if (league > 2147483647L) fail("kfa::attention_forward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+  typename Kernel::policy_type policy(space, static_cast<int>(league), Kernel::WARPS, 32);
+  policy.set_scratch_size(0, Kokkos::PerTeam(TcForwardShape<D>::scratch_l0));
+  Kokkos::parallel_for("kfa::attention_forward[tensor_core]", policy, kernel);
+#else
+  (void)space, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)scale, (void)softcap, (void)mask;
+  fail("kfa: tensor-core kernels are not compiled in this build");
+#endif
+}
+
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                       float scale, float softcap, const KeyMask& mask) {
+  if (q.extent(3) == 64)
+    tc_forward_launch_d<64>(space, q, k, v, o, lse, scale, softcap, mask);
+  else
+    tc_forward_launch_d<128>(space, q, k, v, o, lse, scale, softcap, mask);
+}
+
+template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,
+          class DKV, class DVV>
+void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
+                          const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
+                          const KeyMask& mask) {
+#if KFA_HAS_TENSOR_CORES
+  using S = TcBackwardShape<D>;
+  if (k.extent(1) > 0) {
+    using K1 = TcDkDvKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
+    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+    typename K1::policy_type p1(space, static_cast<int>(league), S::warps, 32);
+    p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
+    Kokkos::parallel_for("kfa::attention_backward::dkdv[tensor_core]", p1, k1);
+  }
+  if (q.extent(1) > 0) {
+    using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
+    const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+    const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
+    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+    typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
+    p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));
+    Kokkos::parallel_for("kfa::attention_backward::dq[tensor_core]", p2, k2);
+  }
+#else
+  (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
+      (void)softcap, (void)mask;
+  fail("kfa: tensor-core kernels are not compiled in this build");
+#endif
+}
+
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
+void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
+                        const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
+                        const KeyMask& mask) {
+  const bool cap = softcap > 0.f;
+  if (q.extent(3) == 64 && cap)
+    tc_backward_launch_d<64, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+  else if (q.extent(3) == 64)
+    tc_backward_launch_d<64, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+  else if (cap)
+    tc_backward_launch_d<128, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+  else
+    tc_backward_launch_d<128, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+}
+
+}  // namespace detail
+}  // namespace kfa

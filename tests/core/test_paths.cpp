@@ -1,0 +1,128 @@
+// Tile-product paths (AttentionOptions::path): the tensor-core kernels against the float64 reference and
+// against the portable path on the same inputs, forward and backward; asking for tensor cores where they
+// cannot run is a clear error. On a build without a tensor-core path (every host build) the agreement
+// tests report a skip and the error tests carry the weight.
+#include "../common/kfa_test.hpp"
+
+using namespace kfa_test;
+
+template <class T>
+class Paths : public ::testing::Test {};
+TYPED_TEST_SUITE(Paths, Dtypes, DtypeNames);
+
+namespace {
+template <class T>
+struct Run {
+  Tensor<T> o, dq, dk, dv;
+  Lse<T> lse;
+};
+
+template <class T>
+Run<T> run_path(const Shape& s, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& d_o,
+                kfa::AttentionOptions opts, kfa::TileProductPath path) {
+  opts.path = path;
+  Run<T> r{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim), Tensor<T>("dq", s.batch, s.seq_q, s.heads_q, s.head_dim),
+           Tensor<T>("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim), Tensor<T>("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+           Lse<T>("lse", s.batch, s.heads_q, s.seq_q)};
+  poison(r.o), poison(r.lse), poison(r.dq), poison(r.dk), poison(r.dv);
+  kfa::attention_forward(Exec(), q, k, v, r.o, r.lse, opts);
+  kfa::attention_backward(Exec(), q, k, v, r.o, d_o, r.lse, r.dq, r.dk, r.dv, opts);
+  Exec().fence();
+  return r;
+}
+
+template <class T>
+void check_paths_agree(const Shape& s, const RefOptions& ro) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(describe(s, ro, seed));
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim);
+  const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng), doh = fill_random(d_o, rng);
+  const kfa::AttentionOptions opts = to_kfa(ro);
+  const Run<T> tc = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
+  const Run<T> pt = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
+  std::vector<double> oref, lref, dqr, dkr, dvr;
+  reference_forward64(s, ro, qh, kh, vh, oref, lref);
+  reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
+  const double tol = tolerance<T>();
+  // Each path against float64, then the two paths against each other.
+  for (const Run<T>* r : {&tc, &pt}) {
+    const char* name = r == &tc ? "tensor_core" : "portable";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r->o), oref, tol)) << name << " o";
+    EXPECT_TRUE(close_lse(to_doubles3(r->lse), lref, tolerance<float>() * 10)) << name << " lse";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r->dq), dqr, tol)) << name << " dq";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r->dk), dkr, tol)) << name << " dk";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r->dv), dvr, tol)) << name << " dv";
+  }
+  EXPECT_TRUE(close_frobenius(to_doubles4(tc.o), to_doubles4(pt.o), tol)) << "o: tensor_core vs portable";
+  EXPECT_TRUE(close_frobenius(to_doubles4(tc.dq), to_doubles4(pt.dq), tol)) << "dq: tensor_core vs portable";
+  EXPECT_TRUE(close_frobenius(to_doubles4(tc.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core vs portable";
+  EXPECT_TRUE(close_frobenius(to_doubles4(tc.dv), to_doubles4(pt.dv), tol)) << "dv: tensor_core vs portable";
+}
+
+template <class T>
+std::string error_of(const Shape& s, kfa::AttentionOptions opts, bool backward) {
+  Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), o("o", s.batch, s.seq_q, s.heads_q, s.head_dim),
+      dq("dq", s.batch, s.seq_q, s.heads_q, s.head_dim), dk("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      dv("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim);
+  Lse<T> lse("lse", s.batch, s.heads_q, s.seq_q);
+  try {
+    if (backward)
+      kfa::attention_backward(Exec(), q, k, v, o, o, lse, dq, dk, dv, opts);
+    else
+      kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+  } catch (const kfa::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
+  using T = TypeParam;
+  if constexpr (!kfa::has_tensor_core_path<Exec, T>::value) {
+    GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
+  } else {
+  for (int d : {64, 128}) {
+    RefOptions ro;
+    check_paths_agree<T>({2, 200, 200, 2, 2, d}, ro);  // partial last tiles on both sides
+    check_paths_agree<T>({1, 65, 300, 4, 2, d}, ro);   // GQA, seq_q != seq_k
+    ro.causal = true;
+    check_paths_agree<T>({1, 300, 300, 2, 1, d}, ro);
+    check_paths_agree<T>({1, 100, 30, 2, 2, d}, ro);  // rows that see no key
+    RefOptions w;
+    w.window_left = 37;
+    w.window_right = 5;
+    w.softcap = 20.0;
+    check_paths_agree<T>({1, 257, 190, 2, 2, d}, w);
+  }
+  }
+}
+
+TYPED_TEST(Paths, TensorCoreWhereItCannotRunIsAnError) {
+  using T = TypeParam;
+  kfa::AttentionOptions opts;
+  opts.path = kfa::TileProductPath::tensor_core;
+  for (bool backward : {false, true}) {
+    if (!kfa::has_tensor_core_path<Exec, T>::value) {
+      const std::string e = error_of<T>({1, 16, 16, 1, 1, 64}, opts, backward);
+      EXPECT_NE(e.find("opts.path = tensor_core"), std::string::npos) << e;
+      EXPECT_NE(e.find("no tensor-core path for " + kfa::dtype_name<T>()), std::string::npos) << e;
+    } else {
+      const std::string e = error_of<T>({1, 16, 16, 1, 1, 96}, opts, backward);
+      EXPECT_NE(e.find("head_dim = 96"), std::string::npos) << e;
+      kfa::AttentionOptions tiles = opts;
+      tiles.block_q = 8;
+      const std::string e2 = error_of<T>({1, 16, 16, 1, 1, 64}, tiles, backward);
+      EXPECT_NE(e2.find("opts.block_q = 8"), std::string::npos) << e2;
+    }
+  }
+}
+
+TEST(Paths, NamesOfPaths) {
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::automatic), "automatic");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::portable), "portable");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core), "tensor_core");
+}
