@@ -112,9 +112,10 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--grad-check-max-n", type=int, default=4096)
     ap.add_argument("--kfa-path", default="automatic")
+    ap.add_argument("--rows", help="where the sampled output rows go (default OUT/rows)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    rows_dir = os.path.join(a.out, "rows")
+    rows_dir = a.rows or os.path.join(a.out, "rows")
     os.makedirs(rows_dir, exist_ok=True)
 
     cmd = [a.kfa_bench, "--out", rows_dir, "--dtypes", a.dtypes, "--d", a.d, "--n", a.n, "--causal", a.causal,

@@ -130,6 +130,18 @@ void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV&
       tc_forward_launch(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
     return;
   }
+  if (simt_forward_eligible<ExecSpace>(q, k, v, o, opts)) {
+    const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
+    const TileConfig tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max);
+    compat::ScopedRegion region(std::string(fn) + "[simt_fp32," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
+                                to_string(tiles) + "]");
+    if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+    if (d == 64)
+      simt_forward_launch_d<64>(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
+    else
+      simt_forward_launch_d<128>(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
+    return;
+  }
   const TileConfig tiles = forward_tile_config(space, q, k, opts);
   if (opts.block_q > 0 && tiles.scratch_l1 > static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1)))
     fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1, " B of level-1 scratch, more than the backend's ",

@@ -3,6 +3,7 @@
 /// launches of the tensor-core kernels. Everything CUDA-specific compiles only where
 /// has_tensor_core_path holds; elsewhere the launchers are never instantiated.
 #include <kfa/detail/mask.hpp>
+#include <kfa/detail/simt_forward.hpp>
 #include <kfa/detail/tc_backward.hpp>
 #include <kfa/detail/tc_forward.hpp>
 #include <kfa/error.hpp>
@@ -101,6 +102,56 @@ inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
 }
 inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max) {
   return head_dim == 64 ? tc_backward_tiles<64>(l0_max) : tc_backward_tiles<128>(l0_max);
+}
+
+/// True where `automatic` runs the CUDA-tuned fp32 forward (simt_forward.hpp): float on Kokkos::Cuda,
+/// head dim 64 or 128, rows as the tensor-core kernels need them, no block-size override.
+template <class ExecSpace, class QV, class KV, class VV, class OV>
+bool simt_forward_eligible(const QV& q, const KV& k, const VV& v, const OV& o, const AttentionOptions& opts) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<typename QV::non_const_value_type, float>::value &&
+                std::is_same<typename OV::non_const_value_type, float>::value) {
+    const int d = static_cast<int>(q.extent(3));
+    if (opts.path != TileProductPath::automatic || opts.block_q > 0 || opts.block_k > 0) return false;
+    if (d != 64 && d != 128) return false;
+    return !tc_view_problem(q) && !tc_view_problem(k) && !tc_view_problem(v) && !tc_view_problem(o);
+  }
+#endif
+  (void)q, (void)k, (void)v, (void)o, (void)opts;
+  return false;
+}
+
+template <int D>
+TileConfig simt_forward_tiles(std::size_t l0_max) {
+  TileConfig t;
+  t.block_q = SimtForwardShape<D>::block_q;
+  t.block_k = SimtForwardShape<D>::block_k;
+  t.team_size = SimtForwardShape<D>::threads;
+  t.scratch_l0 = SimtForwardShape<D>::scratch_l0;
+  t.scratch_l0_max = l0_max;
+  return t;
+}
+
+template <int D, class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void simt_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                           float scale, float softcap, const KeyMask& mask) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<typename QV::non_const_value_type, float>::value &&
+                std::is_same<typename OV::non_const_value_type, float>::value) {
+    using Kernel = SimtForwardKernel<D, QV, KV, VV, OV, LV>;
+    const Kernel kernel(q, k, v, o, lse, scale, softcap, mask);
+    const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
+    if (league > 2147483647L) fail("kfa::attention_forward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+    typename Kernel::policy_type policy(space, static_cast<int>(league), SimtForwardShape<D>::threads / 32, 32);
+    policy.set_scratch_size(0, Kokkos::PerTeam(SimtForwardShape<D>::scratch_l0));
+    Kokkos::parallel_for("kfa::attention_forward[simt_fp32]", policy, kernel);
+    return;
+  }
+#endif
+  (void)space, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)scale, (void)softcap, (void)mask;
+  fail("kfa: the CUDA fp32 kernel does not exist for these types in this build");
 }
 
 template <int D, class ExecSpace, class QV, class KV, class VV, class OV, class LV>

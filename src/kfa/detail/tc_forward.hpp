@@ -16,9 +16,18 @@ namespace kfa {
 namespace detail {
 
 /// Tile shape of the tensor-core forward for head dim D (keys per streamed tile and warps per team).
+// Build-time knobs for tuning experiments (perf/RESULTS.md records what each measured); the defaults
+// are the shipped configuration.
+#ifndef KFA_TC_FWD_WARPS
+#define KFA_TC_FWD_WARPS 4
+#endif
+#ifndef KFA_TC_FWD_MIN_TEAMS
+#define KFA_TC_FWD_MIN_TEAMS 2
+#endif
+
 template <int D>
 struct TcForwardShape {
-  static constexpr int warps = 4;
+  static constexpr int warps = KFA_TC_FWD_WARPS;
   static constexpr int block_q = 16 * warps;
   static constexpr int block_k = 64;
   static constexpr int pitch = D + 8;  // elements per scratch row
@@ -32,7 +41,7 @@ struct TcForwardKernel {
   using OutT = typename OV::non_const_value_type;  // T, or float for the ring layer's partials
   using Shape = TcForwardShape<D>;
   static constexpr int WARPS = Shape::warps, BQ = Shape::block_q, BC = Shape::block_k, P = Shape::pitch;
-  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, 2>>;
+  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, KFA_TC_FWD_MIN_TEAMS>>;
   using member_type = typename policy_type::member_type;
   static_assert(sizeof(T) == 2, "16-bit elements only");
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");

@@ -1,0 +1,209 @@
+#pragma once
+/// The fp32 forward tuned for CUDA (what `automatic` runs for float on Kokkos::Cuda with head dim 64 or
+/// 128; `portable` keeps the generic team kernel). Same FA2 algorithm, laid out for the SIMT units:
+///
+///   one query row per thread (d = 64) or per pair of neighbouring lanes (d = 128, 64 dims each), its
+///   pre-scaled Q slice and O accumulator in registers; K and V tiles streamed through level-0 scratch
+///   with 16-byte cp.async (V_j loads during the first scores, K_{j+1} during the last P·V). Every lane
+///   of a warp reads the same K/V row at a time, so scratch reads are 16-byte broadcasts (no bank
+///   conflicts; the d = 128 halves sit 68 floats apart so the two addresses of a warp use different
+///   banks): one LDS.128 feeds 4 FFMAs per lane. Scores of a row are summed over the two halves with
+///   one shuffle. The per-tile rescale is the shared combine rule (merge_factors).
+#include <kfa/detail/mask.hpp>
+#include <kfa/detail/tc_common.hpp>
+#include <kfa/online_softmax.hpp>
+
+namespace kfa {
+namespace detail {
+
+// Build-time knobs for tuning experiments (perf/RESULTS.md); the defaults are the shipped configuration.
+#ifndef KFA_SIMT_SUB
+#define KFA_SIMT_SUB 8
+#endif
+#ifndef KFA_SIMT_MIN_TEAMS
+#define KFA_SIMT_MIN_TEAMS 2
+#endif
+
+template <int D>
+struct SimtForwardShape {
+  static constexpr int threads = 128;
+  static constexpr int halves = D / 64;  // threads per query row
+  static constexpr int block_q = threads / halves;
+  static constexpr int block_k = 4096 / D;  // 32 KiB of K and V tiles
+  static constexpr int pitch = D + 4 * (halves - 1);  // floats per scratch row: the second half at +68
+  static constexpr std::size_t scratch_l0 = 2u * block_k * pitch * 4;
+};
+
+#if defined(KOKKOS_ENABLE_CUDA)
+template <int D, class QV, class KV, class VV, class OV, class LV>
+struct SimtForwardKernel {
+  using Shape = SimtForwardShape<D>;
+  static constexpr int H = Shape::halves, BQ = Shape::block_q, BK = Shape::block_k, P = Shape::pitch;
+  static constexpr int HD = 64;  // dims per thread
+  static constexpr int SUB = KFA_SIMT_SUB;  // keys per unrolled sub-block
+  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<Shape::threads, KFA_SIMT_MIN_TEAMS>>;
+  using member_type = typename policy_type::member_type;
+
+  QV q;
+  KV k;
+  VV v;
+  OV o;
+  LV lse;
+  int seq_q, heads_q, group, n_qblocks;
+  float scale, softcap;
+  KeyMask mask;
+
+  SimtForwardKernel(const QV& q_, const KV& k_, const VV& v_, const OV& o_, const LV& lse_, float scale_,
+                    float softcap_, const KeyMask& mask_)
+      : q(q_), k(k_), v(v_), o(o_), lse(lse_), seq_q(static_cast<int>(q_.extent(1))),
+        heads_q(static_cast<int>(q_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), softcap(softcap_), mask(mask_) {}
+
+#if defined(__CUDA_ARCH__)
+  /// rows × D floats (row r at src + r·stride) into scratch rows of pitch P, second half at +68; rows ≥
+  /// valid zeroed.
+  __device__ __forceinline__ static void load_tile(std::uint32_t dst, const float* src, long stride, int valid,
+                                                   int tid) {
+    constexpr int chunks = D / 4;
+    for (int c = tid; c < BK * chunks; c += Shape::threads) {
+      const int r = c / chunks, x = (c % chunks) * 4;
+      const bool ok = r < valid;
+      const int col = x + (x >= HD ? P - D : 0);
+      const std::uint32_t n = ok ? 16u : 0u;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + (r * P + col) * 4u),
+                   "l"(src + (ok ? r * stride : 0) + x), "r"(n));
+    }
+  }
+#endif
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+#if defined(__CUDA_ARCH__)
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    const int rl = tid / H, half = tid % H;
+    const int lr = team.league_rank();
+    const int qb = lr % n_qblocks;
+    const int h = (lr / n_qblocks) % heads_q;
+    const int b = lr / (n_qblocks * heads_q);
+    const int hk = h / group;
+    const int i0 = qb * BQ;
+    const int rows = (seq_q - i0) < BQ ? (seq_q - i0) : BQ;
+    const int row = i0 + rl;
+    const float ninf = -compat::infinity<float>();
+
+    float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::scratch_l0)));
+    float* kt = smem;
+    float* vt = smem + BK * P;
+    const std::uint32_t ks = static_cast<std::uint32_t>(__cvta_generic_to_shared(kt));
+    const std::uint32_t vs = static_cast<std::uint32_t>(__cvta_generic_to_shared(vt));
+    const float* kbase = k.data() + b * k.stride(0) + hk * k.stride(2);
+    const float* vbase = v.data() + b * v.stride(0) + hk * v.stride(2);
+    const long kstride = static_cast<long>(k.stride(1)), vstride = static_cast<long>(v.stride(1));
+
+    const long j_begin = mask.key_begin(i0);
+    const long j_end = mask.key_end(i0 + rows);
+    if (j_begin < j_end)
+      load_tile(ks, kbase + j_begin * kstride, kstride, static_cast<int>(j_end - j_begin < BK ? j_end - j_begin : BK), tid);
+    asm volatile("cp.async.commit_group;\n" ::);
+
+    float qr[HD], acc[HD];
+    {
+      const float4* src = row < seq_q ? reinterpret_cast<const float4*>(&q(b, row, h, half * HD)) : nullptr;
+#pragma unroll
+      for (int c = 0; c < HD / 4; ++c) {
+        const float4 x = src ? src[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        qr[4 * c] = x.x * scale, qr[4 * c + 1] = x.y * scale, qr[4 * c + 2] = x.z * scale, qr[4 * c + 3] = x.w * scale;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < HD; ++c) acc[c] = 0.f;
+    float m = ninf, l = 0.f;
+    const int off = half * (P - HD);  // this thread's dims within a scratch row
+
+    for (long j0 = j_begin; j0 < j_end; j0 += BK) {
+      const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      __syncthreads();  // K_j is in; every thread is done with V_{j-1}
+      load_tile(vs, vbase + j0 * vstride, vstride, cols, tid);
+      asm volatile("cp.async.commit_group;\n" ::);
+
+      const bool need_mask = cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK);
+      // The tile in sub-blocks of SUB keys (scores, softmax, P·V; each merged into the row's state with
+      // the combine rule): a runtime loop with an unrolled body, because unrolling all BK keys overflowed
+      // the instruction cache (ncu, 2026-11-29: "no instruction" stalls dominated).
+      float sbuf[SUB];
+      for (int jb = 0; jb < BK; jb += SUB) {
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+          const float4* kr = reinterpret_cast<const float4*>(kt + (jb + j) * P + off);
+          float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+          for (int c = 0; c < HD / 4; c += 2) {
+            const float4 x = kr[c], y = kr[c + 1];
+            a0 += qr[4 * c] * x.x + qr[4 * c + 1] * x.y + qr[4 * c + 2] * x.z + qr[4 * c + 3] * x.w;
+            a1 += qr[4 * c + 4] * y.x + qr[4 * c + 5] * y.y + qr[4 * c + 6] * y.z + qr[4 * c + 7] * y.w;
+          }
+          float x = a0 + a1;
+          if (H == 2) x += __shfl_xor_sync(0xffffffffu, x, 1);
+          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+          if (need_mask && !(jb + j < cols && mask.visible(row, j0 + jb + j))) x = ninf;
+          sbuf[j] = x;
+        }
+        if (jb + SUB >= BK) {
+          __syncthreads();  // every thread is done with K_j: K_{j+1} loads during this sub-block's P·V
+          if (j0 + BK < j_end) {
+            const long jn = j0 + BK;
+            load_tile(ks, kbase + jn * kstride, kstride, static_cast<int>(j_end - jn < BK ? j_end - jn : BK), tid);
+          }
+          asm volatile("cp.async.commit_group;\n" ::);
+        }
+        float tmax = ninf;
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) tmax = fmaxf(tmax, sbuf[j]);
+        const MergeFactors<float> f = merge_factors(m, tmax);
+        m = f.m;
+        const float mexp = f.m == ninf ? 0.f : f.m;  // no visible key yet: exp(−inf) = 0, never NaN
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+          sbuf[j] = __expf(sbuf[j] - mexp);
+          sum += sbuf[j];
+        }
+        l = l * f.scale_a + sum;
+        if (f.scale_a != 1.f) {
+#pragma unroll
+          for (int c = 0; c < HD; ++c) acc[c] *= f.scale_a;
+        }
+        if (jb == 0) {
+          asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+          __syncthreads();  // V_j is in
+        }
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+          const float4* vr = reinterpret_cast<const float4*>(vt + (jb + j) * P + off);
+          const float p = sbuf[j];
+#pragma unroll
+          for (int c = 0; c < HD / 4; ++c) {
+            const float4 x = vr[c];
+            acc[4 * c] += p * x.x, acc[4 * c + 1] += p * x.y, acc[4 * c + 2] += p * x.z, acc[4 * c + 3] += p * x.w;
+          }
+        }
+      }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    if (row < seq_q) {
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float4* dst = reinterpret_cast<float4*>(&o(b, row, h, half * HD));
+#pragma unroll
+      for (int c = 0; c < HD / 4; ++c)
+        dst[c] = make_float4(acc[4 * c] * inv, acc[4 * c + 1] * inv, acc[4 * c + 2] * inv, acc[4 * c + 3] * inv);
+      if (half == 0) lse(b, h, row) = SoftmaxState<float>{m, l}.lse();
+    }
+#else
+    (void)team;
+#endif
+  }
+};
+#endif
+
+}  // namespace detail
+}  // namespace kfa
