@@ -24,6 +24,25 @@ run_tests() {
     tail -n 3 "$OUT/$t.log"
     [ $rc -eq 0 ] || { echo "!! $t rc=$rc"; grep -B2 -A8 "Failure\|error" "$OUT/$t.log" | head -60; status=1; }
   done
+  # The examples' CTest commands (examples/CMakeLists.txt), where carried.
+  for ex in "kfa_example_forward --seq 1000 --heads 2 --head-dim 64 --check 8 --repeat 1" \
+            "kfa_example_forward --seq 777 --heads 4 --kv-heads 2 --head-dim 128 --causal --check 8 --repeat 1" \
+            "kfa_example_backward"; do
+    set -- $ex
+    [ -x "$D/$1" ] || continue
+    echo "== $ex"
+    timeout 300 "$D/$1" "${@:2}" > "$OUT/$1.log" 2>&1
+    rc=$?
+    tail -n 2 "$OUT/$1.log"
+    [ $rc -eq 0 ] || { echo "!! $1 rc=$rc"; status=1; }
+  done
+  if [ -x "$D/kfa_example_ring" ]; then
+    echo "== mpirun -np 2 kfa_example_ring --seq 2000"
+    timeout 300 mpirun --oversubscribe --allow-run-as-root -np 2 "$D/kfa_example_ring" --seq 2000 > "$OUT/ex_ring.log" 2>&1
+    rc=$?
+    tail -n 2 "$OUT/ex_ring.log"
+    [ $rc -eq 0 ] || { echo "!! example ring rc=$rc"; status=1; }
+  fi
   if [ -x "$D/kfa_test_ring" ]; then
     for np in 1 2 3; do
       echo "== kfa_test_ring np=$np"

@@ -94,7 +94,9 @@ void check_backward(const char* fn, const QV& q, const KV& k, const VV& v, const
 }
 }  // namespace detail
 
-/// Tiles attention_forward would use for these inputs on `space` (see TileConfig).
+/// Tiles the portable forward kernel would use for these inputs on `space` (see TileConfig). The CUDA
+/// kernels (tensor-core half/bfloat16, fp32 SIMT) have fixed tiles per head dim, named in the profiling
+/// region of each call and in README.md.
 template <class ExecSpace, class QV, class KV>
 TileConfig forward_tile_config(const ExecSpace& space, const QV& q, const KV& k, const AttentionOptions& opts = {}) {
   using Acc = accumulator_t<typename QV::non_const_value_type>;
@@ -174,7 +176,8 @@ void attention_forward(const ExecSpace& space, const QV& q, const KV& k, const V
   detail::forward_impl(fn, space, q, k, v, o, lse, opts, detail::Positions{});
 }
 
-/// Tiles attention_backward would use for these inputs on `space` (see BackwardTileConfig).
+/// Tiles the portable backward kernels would use for these inputs on `space` (see BackwardTileConfig);
+/// the tensor-core kernels' fixed tiles are named in their profiling region.
 template <class ExecSpace, class QV, class KV>
 BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
                                         const AttentionOptions& opts = {}) {
