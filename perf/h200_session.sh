@@ -56,8 +56,8 @@ run_tests() {
 }
 
 run_sanitize() {
-  # A small case of each tensor-core kernel (forward, dK/dV, dQ) and the portable path.
-  local f='Paths/*.TensorCoreAgreesWithPortableAndReference'
+  # A small case of each tensor-core kernel (forward, dK/dV, dQ), the fp32 CUDA forward and the portable path.
+  local f='Paths/*.TensorCoreAgreesWithPortableAndReference:Paths.FloatAutomaticAgreesWithPortableAndReference'
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool"
     KFA_TEST_SMALL=1 timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$D/kfa_test_paths" \

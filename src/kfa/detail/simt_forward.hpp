@@ -2,13 +2,13 @@
 /// The fp32 forward tuned for CUDA (what `automatic` runs for float on Kokkos::Cuda with head dim 64 or
 /// 128; `portable` keeps the generic team kernel). Same FA2 algorithm, laid out for the SIMT units:
 ///
-///   one query row per thread (d = 64) or per pair of neighbouring lanes (d = 128, 64 dims each), its
-///   pre-scaled Q slice and O accumulator in registers; K and V tiles streamed through level-0 scratch
-///   with 16-byte cp.async (V_j loads during the first scores, K_{j+1} during the last P·V). Every lane
-///   of a warp reads the same K/V row at a time, so scratch reads are 16-byte broadcasts (no bank
-///   conflicts; the d = 128 halves sit 68 floats apart so the two addresses of a warp use different
-///   banks): one LDS.128 feeds 4 FFMAs per lane. Scores of a row are summed over the two halves with
-///   one shuffle. The per-tile rescale is the shared combine rule (merge_factors).
+///   each thread owns ROWS query rows and a slice of HD = 64 / ROWS head dims of them (so D / HD lanes
+///   share a row), with the pre-scaled Q slices and O accumulators in registers; K and V tiles stream
+///   through level-0 scratch with 16-byte cp.async (V_j loads during the first scores, K_{j+1} during
+///   the last P·V). The lanes of a warp that hold the same dim slice read the same K/V row at a time, so
+///   scratch reads are 16-byte broadcasts, and the slices sit HD + 4 floats apart so a warp's distinct
+///   addresses use distinct banks: one LDS.128 feeds 4 · ROWS FFMAs per lane. Scores are summed over the
+///   lanes of a row with shuffles; the per-sub-block rescale is the shared combine rule (merge_factors).
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
 #include <kfa/online_softmax.hpp>
@@ -23,14 +23,19 @@ namespace detail {
 #ifndef KFA_SIMT_MIN_TEAMS
 #define KFA_SIMT_MIN_TEAMS 2
 #endif
+#ifndef KFA_SIMT_ROWS
+#define KFA_SIMT_ROWS 0  // 0: 128 / D, i.e. two lanes per row at both head dims (measured best)
+#endif
 
 template <int D>
 struct SimtForwardShape {
   static constexpr int threads = 128;
-  static constexpr int halves = D / 64;  // threads per query row
-  static constexpr int block_q = threads / halves;
-  static constexpr int block_k = 4096 / D;  // 32 KiB of K and V tiles
-  static constexpr int pitch = D + 4 * (halves - 1);  // floats per scratch row: the second half at +68
+  static constexpr int rows_per_thread = KFA_SIMT_ROWS > 0 ? KFA_SIMT_ROWS : 128 / D;
+  static constexpr int slice = 64 / rows_per_thread;  // head dims per thread
+  static constexpr int lanes_per_row = D / slice;
+  static constexpr int block_q = threads / lanes_per_row * rows_per_thread;
+  static constexpr int block_k = 4096 / D;  // 32 KiB of K and V tiles (plus padding)
+  static constexpr int pitch = lanes_per_row * (slice + 4);  // floats per scratch row, slices padded by 4
   static constexpr std::size_t scratch_l0 = 2u * block_k * pitch * 4;
 };
 
@@ -38,8 +43,9 @@ struct SimtForwardShape {
 template <int D, class QV, class KV, class VV, class OV, class LV>
 struct SimtForwardKernel {
   using Shape = SimtForwardShape<D>;
-  static constexpr int H = Shape::halves, BQ = Shape::block_q, BK = Shape::block_k, P = Shape::pitch;
-  static constexpr int HD = 64;  // dims per thread
+  static constexpr int H = Shape::lanes_per_row, R = Shape::rows_per_thread, BQ = Shape::block_q,
+                       BK = Shape::block_k, P = Shape::pitch;
+  static constexpr int HD = Shape::slice;  // dims per thread
   static constexpr int SUB = KFA_SIMT_SUB;  // keys per unrolled sub-block
   using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<Shape::threads, KFA_SIMT_MIN_TEAMS>>;
   using member_type = typename policy_type::member_type;
@@ -60,15 +66,15 @@ struct SimtForwardKernel {
         n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), softcap(softcap_), mask(mask_) {}
 
 #if defined(__CUDA_ARCH__)
-  /// rows × D floats (row r at src + r·stride) into scratch rows of pitch P, second half at +68; rows ≥
-  /// valid zeroed.
+  /// BK × D floats (row r at src + r·stride) into scratch rows of pitch P, dim slices HD + 4 floats
+  /// apart; rows ≥ valid zeroed.
   __device__ __forceinline__ static void load_tile(std::uint32_t dst, const float* src, long stride, int valid,
                                                    int tid) {
     constexpr int chunks = D / 4;
     for (int c = tid; c < BK * chunks; c += Shape::threads) {
       const int r = c / chunks, x = (c % chunks) * 4;
       const bool ok = r < valid;
-      const int col = x + (x >= HD ? P - D : 0);
+      const int col = (x / HD) * (HD + 4) + x % HD;
       const std::uint32_t n = ok ? 16u : 0u;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + (r * P + col) * 4u),
                    "l"(src + (ok ? r * stride : 0) + x), "r"(n));
@@ -79,7 +85,7 @@ struct SimtForwardKernel {
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if defined(__CUDA_ARCH__)
     const int tid = threadIdx.y * 32 + threadIdx.x;
-    const int rl = tid / H, half = tid % H;
+    const int grp = tid / H, part = tid % H;
     const int lr = team.league_rank();
     const int qb = lr % n_qblocks;
     const int h = (lr / n_qblocks) % heads_q;
@@ -87,7 +93,9 @@ struct SimtForwardKernel {
     const int hk = h / group;
     const int i0 = qb * BQ;
     const int rows = (seq_q - i0) < BQ ? (seq_q - i0) : BQ;
-    const int row = i0 + rl;
+    int row[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = i0 + grp + r * (BQ / R);
     const float ninf = -compat::infinity<float>();
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::scratch_l0)));
@@ -105,19 +113,22 @@ struct SimtForwardKernel {
       load_tile(ks, kbase + j_begin * kstride, kstride, static_cast<int>(j_end - j_begin < BK ? j_end - j_begin : BK), tid);
     asm volatile("cp.async.commit_group;\n" ::);
 
-    float qr[HD], acc[HD];
-    {
-      const float4* src = row < seq_q ? reinterpret_cast<const float4*>(&q(b, row, h, half * HD)) : nullptr;
+    float qr[R][HD], acc[R][HD], m[R], l[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float4* src = row[r] < seq_q ? reinterpret_cast<const float4*>(&q(b, row[r], h, part * HD)) : nullptr;
 #pragma unroll
       for (int c = 0; c < HD / 4; ++c) {
         const float4 x = src ? src[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-        qr[4 * c] = x.x * scale, qr[4 * c + 1] = x.y * scale, qr[4 * c + 2] = x.z * scale, qr[4 * c + 3] = x.w * scale;
+        qr[r][4 * c] = x.x * scale, qr[r][4 * c + 1] = x.y * scale, qr[r][4 * c + 2] = x.z * scale,
+        qr[r][4 * c + 3] = x.w * scale;
       }
-    }
 #pragma unroll
-    for (int c = 0; c < HD; ++c) acc[c] = 0.f;
-    float m = ninf, l = 0.f;
-    const int off = half * (P - HD);  // this thread's dims within a scratch row
+      for (int c = 0; c < HD; ++c) acc[r][c] = 0.f;
+      m[r] = ninf;
+      l[r] = 0.f;
+    }
+    const int off = part * (HD + 4);  // this thread's dims within a scratch row
 
     for (long j0 = j_begin; j0 < j_end; j0 += BK) {
       const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
@@ -130,23 +141,30 @@ struct SimtForwardKernel {
       // The tile in sub-blocks of SUB keys (scores, softmax, P·V; each merged into the row's state with
       // the combine rule): a runtime loop with an unrolled body, because unrolling all BK keys overflowed
       // the instruction cache (ncu, 2026-11-29: "no instruction" stalls dominated).
-      float sbuf[SUB];
+      float sbuf[R][SUB];
       for (int jb = 0; jb < BK; jb += SUB) {
 #pragma unroll
         for (int j = 0; j < SUB; ++j) {
           const float4* kr = reinterpret_cast<const float4*>(kt + (jb + j) * P + off);
-          float a0 = 0.f, a1 = 0.f;
+          float a[R];
 #pragma unroll
-          for (int c = 0; c < HD / 4; c += 2) {
-            const float4 x = kr[c], y = kr[c + 1];
-            a0 += qr[4 * c] * x.x + qr[4 * c + 1] * x.y + qr[4 * c + 2] * x.z + qr[4 * c + 3] * x.w;
-            a1 += qr[4 * c + 4] * y.x + qr[4 * c + 5] * y.y + qr[4 * c + 6] * y.z + qr[4 * c + 7] * y.w;
+          for (int r = 0; r < R; ++r) a[r] = 0.f;
+#pragma unroll
+          for (int c = 0; c < HD / 4; ++c) {
+            const float4 x = kr[c];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+              a[r] += qr[r][4 * c] * x.x + qr[r][4 * c + 1] * x.y + qr[r][4 * c + 2] * x.z + qr[r][4 * c + 3] * x.w;
           }
-          float x = a0 + a1;
-          if (H == 2) x += __shfl_xor_sync(0xffffffffu, x, 1);
-          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-          if (need_mask && !(jb + j < cols && mask.visible(row, j0 + jb + j))) x = ninf;
-          sbuf[j] = x;
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float x = a[r];
+#pragma unroll
+            for (int w = 1; w < H; w *= 2) x += __shfl_xor_sync(0xffffffffu, x, w);
+            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+            if (need_mask && !(jb + j < cols && row[r] < i0 + rows && mask.visible(row[r], j0 + jb + j))) x = ninf;
+            sbuf[r][j] = x;
+          }
         }
         if (jb + SUB >= BK) {
           __syncthreads();  // every thread is done with K_j: K_{j+1} loads during this sub-block's P·V
@@ -156,22 +174,25 @@ struct SimtForwardKernel {
           }
           asm volatile("cp.async.commit_group;\n" ::);
         }
-        float tmax = ninf;
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) tmax = fmaxf(tmax, sbuf[j]);
-        const MergeFactors<float> f = merge_factors(m, tmax);
-        m = f.m;
-        const float mexp = f.m == ninf ? 0.f : f.m;  // no visible key yet: exp(−inf) = 0, never NaN
-        float sum = 0.f;
+        for (int r = 0; r < R; ++r) {
+          float tmax = ninf;
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          sbuf[j] = __expf(sbuf[j] - mexp);
-          sum += sbuf[j];
-        }
-        l = l * f.scale_a + sum;
-        if (f.scale_a != 1.f) {
+          for (int j = 0; j < SUB; ++j) tmax = fmaxf(tmax, sbuf[r][j]);
+          const MergeFactors<float> f = merge_factors(m[r], tmax);
+          m[r] = f.m;
+          const float mexp = f.m == ninf ? 0.f : f.m;  // no visible key yet: exp(−inf) = 0, never NaN
+          float sum = 0.f;
 #pragma unroll
-          for (int c = 0; c < HD; ++c) acc[c] *= f.scale_a;
+          for (int j = 0; j < SUB; ++j) {
+            sbuf[r][j] = __expf(sbuf[r][j] - mexp);
+            sum += sbuf[r][j];
+          }
+          l[r] = l[r] * f.scale_a + sum;
+          if (f.scale_a != 1.f) {
+#pragma unroll
+            for (int c = 0; c < HD; ++c) acc[r][c] *= f.scale_a;
+          }
         }
         if (jb == 0) {
           asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -180,23 +201,30 @@ struct SimtForwardKernel {
 #pragma unroll
         for (int j = 0; j < SUB; ++j) {
           const float4* vr = reinterpret_cast<const float4*>(vt + (jb + j) * P + off);
-          const float p = sbuf[j];
 #pragma unroll
           for (int c = 0; c < HD / 4; ++c) {
             const float4 x = vr[c];
-            acc[4 * c] += p * x.x, acc[4 * c + 1] += p * x.y, acc[4 * c + 2] += p * x.z, acc[4 * c + 3] += p * x.w;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              const float p = sbuf[r][j];
+              acc[r][4 * c] += p * x.x, acc[r][4 * c + 1] += p * x.y, acc[r][4 * c + 2] += p * x.z,
+                  acc[r][4 * c + 3] += p * x.w;
+            }
           }
         }
       }
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    if (row < seq_q) {
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      float4* dst = reinterpret_cast<float4*>(&o(b, row, h, half * HD));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row[r] >= seq_q) continue;
+      const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+      float4* dst = reinterpret_cast<float4*>(&o(b, row[r], h, part * HD));
 #pragma unroll
       for (int c = 0; c < HD / 4; ++c)
-        dst[c] = make_float4(acc[4 * c] * inv, acc[4 * c + 1] * inv, acc[4 * c + 2] * inv, acc[4 * c + 3] * inv);
-      if (half == 0) lse(b, h, row) = SoftmaxState<float>{m, l}.lse();
+        dst[c] = make_float4(acc[r][4 * c] * inv, acc[r][4 * c + 1] * inv, acc[r][4 * c + 2] * inv,
+                             acc[r][4 * c + 3] * inv);
+      if (part == 0) lse(b, h, row[r]) = SoftmaxState<float>{m[r], l[r]}.lse();
     }
 #else
     (void)team;
