@@ -5,7 +5,8 @@ namespace kfa {
 
 /// Which implementation of the tile products to use.
 enum class TileProductPath {
-  automatic,    ///< tensor cores where they can run these inputs (see has_tensor_core_path), else portable
+  automatic,    ///< tensor cores where they can run these inputs (see has_tensor_core_path), the CUDA fp32
+                ///< forward for float on CUDA (head dim 64/128), else portable
   portable,     ///< team/vector loops that every backend runs (the reference path)
   tensor_core,  ///< mma.sync tile products on CUDA sm_80+ for half/bfloat16, head dim 64 or 128, unit
                 ///< head-dim stride and 16-byte-aligned rows; asking for it elsewhere is a kfa::Error
@@ -23,8 +24,8 @@ struct AttentionOptions {
   int window_right = -1;
   /// Scores become softcap · tanh(score / softcap) after scaling; 0 means off. Must be finite and ≥ 0.
   double softcap = 0.0;
-  /// Query rows per team (0: chosen from the scratch budget). A multiple of 8 when set. The tensor-core
-  /// path has fixed tiles per head dim; an override it cannot honour makes `automatic` pick portable.
+  /// Query rows per team (0: chosen from the scratch budget). A multiple of 8 when set. The CUDA kernels
+  /// have fixed tiles per head dim; an override they cannot honour makes `automatic` pick portable.
   int block_q = 0;
   /// Keys per streamed K/V tile (0: chosen from the scratch budget). A multiple of 8 when set.
   int block_k = 0;
