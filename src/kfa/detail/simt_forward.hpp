@@ -86,15 +86,8 @@ struct SimtForwardKernel {
 #if defined(__CUDA_ARCH__)
     const int tid = threadIdx.y * 32 + threadIdx.x;
     const int grp = tid / H, part = tid % H;
-    const int lr = team.league_rank();
-    // Last query blocks first: under a causal mask they see the most keys, and starting them early
-    // shortens the tail of the launch (FA2 does the same).
-    const int qb = n_qblocks - 1 - lr % n_qblocks;
-    const int h = (lr / n_qblocks) % heads_q;
-    const int b = lr / (n_qblocks * heads_q);
-    const int hk = h / group;
-    const int i0 = qb * BQ;
-    const int rows = (seq_q - i0) < BQ ? (seq_q - i0) : BQ;
+    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
     int row[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row[r] = i0 + grp + r * (BQ / R);

@@ -184,9 +184,8 @@ struct TcDkDvKernel {
       // dV += Pᵀ·dO
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
-        const std::uint32_t pa[4] = {cuda16<T>::pack(s[2 * kk][0], s[2 * kk][1]), cuda16<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                                     cuda16<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                     cuda16<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        std::uint32_t pa[4];
+        tc::c_to_a<T>(pa, s, kk);
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
           std::uint32_t bf[4];
@@ -218,9 +217,8 @@ struct TcDkDvKernel {
         for (int e = 0; e < 4; ++e) s[n][e] = s[n][e] * (dp[n][e] - dd_s[n * 8 + 2 * t4 + (e & 1)]) * dcap[n][e];
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
-        const std::uint32_t da[4] = {cuda16<T>::pack(s[2 * kk][0], s[2 * kk][1]), cuda16<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                                     cuda16<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                     cuda16<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        std::uint32_t da[4];
+        tc::c_to_a<T>(da, s, kk);
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
           std::uint32_t bf[4];
@@ -276,15 +274,8 @@ struct TcDqKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const int lr = team.league_rank();
-    // Last query blocks first: under a causal mask they see the most keys, and starting them early
-    // shortens the tail of the launch (FA2 does the same).
-    const int qb = n_qblocks - 1 - lr % n_qblocks;
-    const int h = (lr / n_qblocks) % heads_q;
-    const int b = lr / (n_qblocks * heads_q);
-    const int hk = h / group;
-    const int i0 = qb * BQ;
-    const int rows = (seq_q - i0) < BQ ? (seq_q - i0) : BQ;
+    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
     const int wr0 = i0 + warp * 16;
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
@@ -354,9 +345,8 @@ struct TcDqKernel {
       // dQ += dS·K
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const std::uint32_t da[4] = {cuda16<T>::pack(s[2 * kk][0], s[2 * kk][1]), cuda16<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                                     cuda16<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                     cuda16<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        std::uint32_t da[4];
+        tc::c_to_a<T>(da, s, kk);
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
           std::uint32_t bf[4];

@@ -64,6 +64,21 @@ const char* tc_view_problem(const V& v) {
   return nullptr;
 }
 
+/// The query block a team of the CUDA query-block kernels (tensor-core forward and dQ, fp32 forward) owns,
+/// from its league rank. Last query blocks first: under a causal mask they see the most keys, and
+/// starting them early shortens the tail of the launch (FA2 does the same; measured in perf/RESULTS.md).
+struct QueryBlock {
+  int b, h, hk, i0, rows;  // batch, query head, kv head, first row, rows in this block
+  KOKKOS_INLINE_FUNCTION QueryBlock(int league_rank, int n_qblocks, int heads_q, int group, int block_q, int seq_q) {
+    const int qb = n_qblocks - 1 - league_rank % n_qblocks;
+    h = (league_rank / n_qblocks) % heads_q;
+    b = league_rank / (n_qblocks * heads_q);
+    hk = h / group;
+    i0 = qb * block_q;
+    rows = (seq_q - i0) < block_q ? (seq_q - i0) : block_q;
+  }
+};
+
 #if KFA_HAS_TENSOR_CORES
 /// Bits of a 16-bit element type as CUDA's own type.
 template <class T>
@@ -177,6 +192,16 @@ __device__ __forceinline__ void load_a_rows(std::uint32_t (&a)[D / 16][4], const
     a[kk][2] = p0 ? p0[kk * 8 + 4 + t4] : 0u;
     a[kk][3] = p1 ? p1[kk * 8 + 4 + t4] : 0u;
   }
+}
+
+/// Keys (or columns) 16·kk … 16·kk + 15 of a warp's 16-row C accumulator, i.e. C tiles 2·kk and 2·kk + 1,
+/// as one 16-bit A fragment (see the layouts at the top of this file): P and dS feed the next product.
+template <class T, int N>
+__device__ __forceinline__ void c_to_a(std::uint32_t (&a)[4], const float (&c)[N][4], int kk) {
+  a[0] = cuda16<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = cuda16<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = cuda16<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = cuda16<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
 /// Writes a warp's 16 × D fp32 accumulator (C layout, times `mul`) as rows of 16-bit T; r0/r1 as above.

@@ -65,15 +65,8 @@ struct TcForwardKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3;
-    const int lr = team.league_rank();
-    // Last query blocks first: under a causal mask they see the most keys, and starting them early
-    // shortens the tail of the launch (FA2 does the same).
-    const int qb = n_qblocks - 1 - lr % n_qblocks;
-    const int h = (lr / n_qblocks) % heads_q;
-    const int b = lr / (n_qblocks * heads_q);
-    const int hk = h / group;
-    const int i0 = qb * BQ;
-    const int rows = (seq_q - i0) < BQ ? (seq_q - i0) : BQ;
+    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
     const int wr0 = i0 + warp * 16;  // this warp's first query row
     const float ninf = -compat::infinity<float>();
 
