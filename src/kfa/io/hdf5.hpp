@@ -9,7 +9,10 @@
 #include <kfa/dist/shard.hpp>
 #include <kfa/error.hpp>
 
+#include <kfa/io/files.hpp>
+
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -114,15 +117,33 @@ inline Handle transfer() {
 
 /// Every rank throws the first failing rank's message (collective).
 inline void agree(MPI_Comm comm, const std::string& local_error) {
+  constexpr int len = 1024;
   int rank, size;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  char mine[512] = {0};
+  char mine[len] = {0};
   std::snprintf(mine, sizeof(mine), "%s", local_error.c_str());
-  std::vector<char> all(512 * static_cast<size_t>(size));
-  MPI_Allgather(mine, 512, MPI_CHAR, all.data(), 512, MPI_CHAR, comm);
+  std::vector<char> all(len * static_cast<size_t>(size));
+  MPI_Allgather(mine, len, MPI_CHAR, all.data(), len, MPI_CHAR, comm);
   for (int r = 0; r < size; ++r)
-    if (all[512 * r] != '\0') throw kfa::Error(std::string(&all[512 * r]));
+    if (all[len * r] != '\0') throw kfa::Error(std::string(&all[len * r]));
+}
+
+/// The innermost messages of HDF5's error stack (the driver's errno text or MPI error string first); call
+/// right after the failing HDF5 call.
+inline std::string hdf5_error_text() {
+  std::vector<std::string> descs;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned, const H5E_error2_t* e, void* d) -> herr_t {
+        auto* v = static_cast<std::vector<std::string>*>(d);
+        if (e->desc && *e->desc && v->size() < 3) v->push_back(e->desc);
+        return 0;
+      },
+      &descs);
+  std::string out;
+  for (const auto& x : descs) out += (out.empty() ? "" : "; ") + x;
+  return out.empty() ? "no reason given by HDF5" : out;
 }
 }  // namespace detail
 
@@ -240,31 +261,47 @@ class Reader {
   std::vector<long> m_all_segs;
 };
 
-/// An output file written to `<path>.tmp-<id>` in the same directory and renamed to `path` by commit();
-/// destroyed without commit() (an error, a signal-free abort path), the temporary is removed, so a failed
-/// run never leaves a partial file and never replaces a good one. Collective.
+/// An output file written to `<path>.tmp-<id>` in the same directory and renamed to `path` by commit().
+/// Every step is a collective decision: when a dataset or attribute cannot be created or written, or the
+/// final flush/close fails (a full disk, a quota, an I/O error) on any rank, every rank throws the same
+/// kfa::Error naming what failed, the temporary is removed and `path` is left byte-identical. Destroyed
+/// without commit(), the temporary is removed too. Collective.
 class Writer {
  public:
-  Writer(const std::string& path, MPI_Comm comm) : m_comm(comm), m_path(path) {
+  /// `expected_bytes` (the datasets' sizes; 0: unknown) is reserved on the file system before anything is
+  /// written, so a disk without room for the output is refused here, before HDF5 touches it.
+  Writer(const std::string& path, MPI_Comm comm, unsigned long long expected_bytes = 0) : m_comm(comm), m_path(path) {
     MPI_Comm_rank(comm, &m_rank);
     MPI_Comm_size(comm, &m_size);
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     long id = static_cast<long>(MPI_Wtime() * 1e6) % 100000000;
     MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
-    m_tmp = path + ".tmp-" + std::to_string(id);
+    m_tmp = kfa::io::temporary_path(path, id);
+    m_reserve = m_tmp + ".reserve";
     std::string err;
+    if (m_rank == 0) err = reserve(expected_bytes);
+    agree(err);
     if (parallel_hdf5() || m_rank == 0) {
       detail::Handle fapl = detail::file_access(comm);
       m_file = detail::Handle(H5Fcreate(m_tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
       if (m_file.id < 0) err = "kfa::io: --output " + path + ": cannot create " + m_tmp + " (is the directory writable?)";
     }
-    detail::agree(comm, err);
+    if (m_file.id < 0) release_reserve();
+    agree(err);
   }
   ~Writer() {
     if (m_committed) return;
-    m_file.reset();
-    if (m_rank == 0) std::remove(m_tmp.c_str());
+    if (m_agreed_failure || std::uncaught_exceptions() == m_exceptions_at_start) {
+      discard();  // every rank is here: a failure all ranks agreed on, or scope left without commit()
+    } else {
+      // An exception only this rank may have: no collective call (the others may be elsewhere); the
+      // process is about to end. Remove the temporary so no debris is left.
+      if (m_rank == 0) std::remove(m_tmp.c_str());
+    }
   }
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
   /// Writes the rows `segs` (along `seq_dim`) of dataset `name` with global `dims`, from `data` laid out
   /// with the local rows in segment order. Stored as float64 or float32 like T. Collective.
   template <class T>
@@ -272,11 +309,12 @@ class Writer {
                   const std::vector<kfa::dist::Segment>& segs, const std::vector<T>& data) {
     const hid_t type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
     std::vector<hsize_t> hd(dims.begin(), dims.end());
+    std::string err;
 #ifdef KFA_IO_PARALLEL
     detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-    detail::Handle ds(detail::check(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                                    "H5Dcreate2 " + name),
-                      H5Dclose);
+    detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
+    agree(err);
     detail::select_rows(fspace, dims, seq_dim, segs);
     std::vector<hsize_t> md(hd);
     long n = 0;
@@ -285,16 +323,16 @@ class Writer {
     detail::Handle mspace(H5Screate_simple(static_cast<int>(md.size()), md.data(), nullptr), H5Sclose);
     if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
     detail::Handle dxpl = detail::transfer();
-    if (H5Dwrite(ds, type, mspace, fspace, dxpl, data.data()) < 0)
-      kfa::detail::fail("kfa::io: writing dataset '", name, "' to ", m_tmp, " failed");
+    if (H5Dwrite(ds, type, mspace, fspace, dxpl, data.data()) < 0) err = failure("writing dataset '" + name + "' to");
+    agree(err);
 #else
+    // Rank 0 receives every rank's rows (always, even after a failure, so no rank is left in a send)
+    // and writes them; then all agree.
     const int tag = 78;
     if (m_rank == 0) {
       detail::Handle fspace0(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-      detail::Handle ds(detail::check(H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, H5P_DEFAULT,
-                                                 H5P_DEFAULT),
-                                      "H5Dcreate2 " + name),
-                        H5Dclose);
+      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
       for (int r = 0; r < m_size; ++r) {
         long hdr[4];
         std::vector<T> buf;
@@ -313,6 +351,7 @@ class Writer {
           buf.resize(static_cast<size_t>(count));
           MPI_Recv(buf.data(), static_cast<int>(buf.size() * sizeof(T)), MPI_BYTE, r, tag, m_comm, MPI_STATUS_IGNORE);
         }
+        if (!err.empty()) continue;
         detail::Handle fspace(H5Dget_space(ds), H5Sclose);
         detail::select_rows(fspace, dims, seq_dim, rs);
         std::vector<hsize_t> md(hd);
@@ -321,7 +360,7 @@ class Writer {
         md[seq_dim] = static_cast<hsize_t>(n);
         detail::Handle mspace(H5Screate_simple(static_cast<int>(md.size()), md.data(), nullptr), H5Sclose);
         if (n > 0 && H5Dwrite(ds, type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
-          kfa::detail::fail("kfa::io: writing dataset '", name, "' to ", m_tmp, " failed");
+          err = failure("writing dataset '" + name + "' to");
       }
     } else {
       long hdr[4] = {0, 0, 0, 0};
@@ -329,36 +368,130 @@ class Writer {
       MPI_Send(hdr, 4, MPI_LONG, 0, tag, m_comm);
       MPI_Send(data.data(), static_cast<int>(data.size() * sizeof(T)), MPI_BYTE, 0, tag, m_comm);
     }
+    agree(err);
 #endif
   }
   /// A string attribute on the file's root group (same value on every rank). Collective.
   void attribute(const std::string& key, const std::string& value) {
-    if (!parallel_hdf5() && m_rank != 0) return;
-    detail::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(type, value.size() + 1);
-    detail::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-    detail::Handle attr(H5Acreate2(m_file, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    H5Awrite(attr, type, value.c_str());
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) {
+      detail::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(type, value.size() + 1);
+      detail::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+      detail::Handle attr(H5Acreate2(m_file, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      if (attr.id < 0 || H5Awrite(attr, type, value.c_str()) < 0) err = failure("writing attribute '" + key + "' to");
+    }
+    agree(err);
   }
-  /// Closes the temporary and renames it to the final path. Collective.
-  void commit() {
-    m_file.reset();
+  /// Flushes and closes the temporary, checking both on every rank; on a failure anywhere every rank
+  /// throws (the temporary is removed, `path` untouched). Collective; commit() calls it if needed.
+  void close() {
+    if (m_closed) return;
+    release_reserve();  // the headroom kept back for HDF5's metadata
     MPI_Barrier(m_comm);
     std::string err;
-    if (m_rank == 0 && std::rename(m_tmp.c_str(), m_path.c_str()) != 0)
-      err = "kfa::io: renaming " + m_tmp + " to " + m_path + " failed";
-    detail::agree(m_comm, err);
-    m_committed = true;
+    if (m_file.id >= 0 && H5Fflush(m_file, H5F_SCOPE_GLOBAL) < 0) err = failure("flushing");
+    agree(err);
+    if (m_file.id >= 0) {
+      // A failed H5Fclose leaves an id HDF5 must not be asked about again (HDF5 1.10 frees the file
+      // behind it): never retried.
+      if (H5Fclose(m_file.id) < 0) err = failure("closing");
+      m_file.id = -1;
+    }
+    agree(err);
+    m_closed = true;
+  }
+  /// Closes the temporary (checked, as close()) and, only when that succeeded on every rank, renames it
+  /// to the final path. Collective.
+  void commit() {
+    close();
+    std::string err;
+    if (m_rank == 0) {
+      err = commit_temporary(m_tmp, m_path);
+      if (!err.empty()) err = "kfa::io: --output " + m_path + ": " + err;
+    }
+    m_committed = true;  // renamed, or (on failure) removed by commit_temporary
+    agree(err);
   }
   const std::string& temporary_path() const { return m_tmp; }
 
  private:
+  // What failed, with HDF5's innermost reason (the driver's errno text or MPI error string) and whether
+  // the file system is full. Call right after the failing HDF5 call.
+  std::string failure(const std::string& what) const {
+    return "kfa::io: --output " + m_path + ": " + what + " " + m_tmp + " failed (" + detail::hdf5_error_text() + ")" +
+           full_filesystem_hint(m_path);
+  }
+  // Every rank throws the first failing rank's message; the destructor then discards (collectively).
+  void agree(const std::string& err) {
+    try {
+      detail::agree(m_comm, err);
+    } catch (...) {
+      m_agreed_failure = true;
+      throw;
+    }
+  }
+  // Removes the temporary on every path. The temporary is truncated first so a full file system has room
+  // again for the metadata HDF5 writes while closing, the same on every rank (a close that fails on one
+  // rank leaves the others inside HDF5's collectives); a close that still fails is
+  // not retried (see close()). Collective.
+  void discard() noexcept {
+    release_reserve();
+    if (m_rank == 0) ::truncate(m_tmp.c_str(), 0);
+    MPI_Barrier(m_comm);
+    if (m_file.id >= 0) H5Fclose(m_file.id);  // checked nowhere: the file is being thrown away
+    m_file.id = -1;
+    MPI_Barrier(m_comm);
+    if (m_rank == 0) std::remove(m_tmp.c_str());
+    m_file.id = -1;
+    m_committed = true;
+  }
+  // Rank 0: reserves `expected` bytes plus a headroom in `<tmp>.reserve` and gives back all but the
+  // headroom, which is kept until the close (or a discard) so HDF5 can always write its metadata then;
+  // "" or why not (no space: the sizes, in bytes).
+  std::string reserve(unsigned long long expected) {
+    const long long headroom = 1 << 20;
+    const int fd = ::open(m_reserve.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return "kfa::io: --output " + m_path + ": cannot create " + m_reserve + ": " + std::strerror(errno);
+    const long long total = static_cast<long long>(expected) + headroom;
+    int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(total)) == 0 ? 0 : errno;
+    if (rc == EOPNOTSUPP || rc == ENOSYS) {  // no fallocate here: ask statvfs, write the headroom
+      struct statvfs fs;
+      if (::statvfs(parent_directory(m_path).c_str(), &fs) == 0 &&
+          static_cast<double>(fs.f_bavail) * fs.f_frsize < static_cast<double>(total))
+        rc = ENOSPC;
+      else {
+        std::vector<char> zeros(static_cast<size_t>(headroom), 0);
+        rc = ::write(fd, zeros.data(), zeros.size()) == static_cast<ssize_t>(zeros.size()) ? 0 : errno;
+      }
+    }
+    if (rc == 0 && ::ftruncate(fd, static_cast<off_t>(headroom)) != 0) rc = errno;
+    ::close(fd);
+    if (rc == 0) return "";
+    ::unlink(m_reserve.c_str());
+    struct statvfs fs;
+    std::string free_bytes = "?";
+    if (::statvfs(parent_directory(m_path).c_str(), &fs) == 0)
+      free_bytes = std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize);
+    return "kfa::io: --output " + m_path + ": cannot reserve " + std::to_string(total) + " bytes (" +
+           std::to_string(expected) + " of data + 1 MiB for HDF5 metadata) in " + parent_directory(m_path) + ": " +
+           std::strerror(rc) + " (" + free_bytes + " bytes free); nothing was written";
+  }
+  void release_reserve() {
+    if (m_rank == 0 && !m_reserve.empty()) ::unlink(m_reserve.c_str());
+    m_reserve.clear();
+  }
   MPI_Comm m_comm;
-  std::string m_path, m_tmp;
+  std::string m_path, m_tmp, m_reserve;
   int m_rank = 0, m_size = 1;
   detail::Handle m_file;
-  bool m_committed = false;
+  bool m_closed = false, m_committed = false, m_agreed_failure = false;
+  int m_exceptions_at_start = std::uncaught_exceptions();
 };
+
+/// Closes every HDF5 object still open (one left by a close that failed on a full disk, say) while MPI is
+/// still up: call before MPI_Finalize, whose HDF5 clean-up would otherwise close it without MPI.
+inline void finalize() { H5close(); }
 
 }  // namespace io
 }  // namespace kfa
