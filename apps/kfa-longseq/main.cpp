@@ -9,6 +9,7 @@
 #include <kfa/dist/dist.hpp>
 #include <kfa/io/hdf5.hpp>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -30,6 +31,7 @@ struct Config {
   std::uint64_t seed = 1;
   std::vector<int> window;
   double scale = 0, softcap = 0;
+  double check_tol = -1;  // < 0: the dtype's default
 };
 
 // Deterministic value of element `flat` of tensor `id`: the same for every rank count and layout.
@@ -337,17 +339,26 @@ int run(const Config& c, MPI_Comm comm) {
   const auto lh = to_host3<double>(lse);
   CheckResult chk;
   bool check_ok = true;
+  const double o_tol = c.check_tol >= 0 ? c.check_tol : tolerance<T>();
+  const double lse_tol = c.check_tol >= 0 ? c.check_tol : tolerance<Acc>() * 10;
   if (c.check > 0) {
     chk = self_check(c, s, oh, lh, comm);
-    check_ok = chk.max_rel <= tolerance<T>() && chk.max_lse <= tolerance<Acc>() * 10;
+    check_ok = chk.max_rel <= o_tol && chk.max_lse <= lse_tol;
   }
 
   // ---- write ----------------------------------------------------------------------------------------
   const double tw0 = MPI_Wtime();
-  if (!c.output.empty()) {
-    kfa::io::Writer w(c.output, comm);
+  // Nothing is written unless the run and its check succeeded: a failed check leaves --output and --json
+  // as they were. The HDF5 output is written to a temporary, flushed and closed with every rank agreeing
+  // that all of it succeeded; the JSON summary is written to its own temporary; only then are both renamed.
+  std::unique_ptr<kfa::io::Writer> writer;
+  if (!c.output.empty() && check_ok) {
     const std::vector<long> od{s.batch, s.seq, s.heads, s.d}, ld{s.batch, s.heads, s.seq}, kd{s.batch, s.seq, s.kv_heads, s.d};
     using Store = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+    const unsigned long long row = static_cast<unsigned long long>(s.batch) * s.seq * sizeof(Store),
+                             bytes = row * (s.heads * s.d + s.heads) + (c.backward ? row * (s.heads + 2 * s.kv_heads) * s.d : 0);
+    writer.reset(new kfa::io::Writer(c.output, comm, bytes));
+    kfa::io::Writer& w = *writer;
     w.write_rows("o", od, 1, s.segs, to_host<Store>(o));
     w.write_rows("lse", ld, 2, s.segs, to_host3<Store>(lse));
     if (c.backward) {
@@ -363,7 +374,7 @@ int run(const Config& c, MPI_Comm comm) {
              {"backward", c.backward ? "1" : "0"}, {"source", c.generate ? "generate seed " + std::to_string(c.seed) : c.input},
              {"io", kfa::io::io_mode()}})
       w.attribute(kv.first, kv.second);
-    w.commit();
+    w.close();
   }
   const double t_write = max_over(MPI_Wtime() - tw0, comm);
 
@@ -388,13 +399,31 @@ int run(const Config& c, MPI_Comm comm) {
     rep << line;
     if (c.check > 0) {
       std::snprintf(line, sizeof line, "  check: %d rows vs float64: max abs error %.3e, max relative error %.3e (tolerance %.0e), lse %.3e: %s\n",
-                    chk.rows, chk.max_abs, chk.max_rel, tolerance<T>(), chk.max_lse, check_ok ? "PASS" : "FAIL");
+                    chk.rows, chk.max_abs, chk.max_rel, o_tol, chk.max_lse, check_ok ? "PASS" : "FAIL");
       rep << line;
     }
-    if (!c.output.empty()) rep << "  wrote " << c.output << "\n";
     std::fputs(rep.str().c_str(), stdout);
-    if (!c.json.empty()) {
-      std::ofstream js(c.json);
+    std::fflush(stdout);
+  }
+  if (!check_ok) {
+    if (rank == 0) {
+      std::fprintf(stderr, "kfa-longseq: check FAILED (error over the tolerance): exit 3");
+      if (!c.output.empty()) std::fprintf(stderr, "; --output %s not written", c.output.c_str());
+      if (!c.json.empty()) std::fprintf(stderr, "; --json %s not written", c.json.c_str());
+      if (!c.output.empty() || !c.json.empty()) std::fprintf(stderr, " (existing files are left as they were)");
+      std::fprintf(stderr, "\n");
+    }
+    return 3;
+  }
+  // The JSON summary goes to a temporary first (rank 0); every rank learns whether that worked before
+  // the HDF5 output is renamed, so a full disk or a failed write leaves both files as they were.
+  std::string json_tmp, err;
+  if (!c.json.empty()) {
+    long id = static_cast<long>(MPI_Wtime() * 1e6) % 100000000;
+    MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
+    json_tmp = kfa::io::temporary_path(c.json, id);
+    if (rank == 0) {
+      std::ostringstream js;
       js << "{\"kfa_version\": \"" << KFA_VERSION_STRING << "\", \"kokkos_version\": \"" << kfa::compat::kokkos_version_string()
          << "\", \"backend\": \"" << Exec::name() << "\", \"io\": \"" << kfa::io::io_mode() << "\", \"ranks\": " << p
          << ", \"layout\": \"" << c.layout << "\", \"dtype\": \"" << c.dtype << "\", \"batch\": " << s.batch << ", \"seq\": " << s.seq
@@ -406,10 +435,68 @@ int run(const Config& c, MPI_Comm comm) {
          << ", \"memory_high_water_mib\": " << mem_mib << ", \"communication_hidden\": " << hidden
          << ", \"check_rows\": " << chk.rows << ", \"check_max_rel_error\": " << chk.max_rel
          << ", \"check_pass\": " << (check_ok ? "true" : "false") << ", \"output\": \"" << json_escape(c.output) << "\"}\n";
-      if (!js) std::fprintf(stderr, "kfa-longseq: cannot write --json %s\n", c.json.c_str());
+      err = kfa::io::write_text_temporary(json_tmp, js.str());
+      if (!err.empty()) err = "kfa-longseq: --json " + c.json + ": " + err + kfa::io::full_filesystem_hint(c.json);
     }
+    kfa::io::detail::agree(comm, err);  // throws on every rank; the Writer then removes its temporary
   }
-  return check_ok ? 0 : 3;
+  if (writer) writer->commit();
+  if (!c.json.empty()) {
+    if (rank == 0) {
+      err = kfa::io::commit_temporary(json_tmp, c.json);
+      if (!err.empty()) err = "kfa-longseq: --json " + c.json + ": " + err;
+    }
+    kfa::io::detail::agree(comm, err);
+  }
+  if (rank == 0 && writer) std::printf("  wrote %s\n", c.output.c_str());
+  return 0;
+}
+
+// Why the outputs cannot be written safely, or "": each must name a file in an existing writable directory,
+// and none may be the same file as --input or as another output (device + inode after links; directory +
+// name for a file not created yet), or the run would destroy the input or its own result.
+std::string output_problems(const Config& c) {
+  struct Named { const char* option; const std::string* path; };
+  std::vector<Named> outs;
+  if (!c.output.empty()) outs.push_back({"--output", &c.output});
+  if (!c.json.empty()) outs.push_back({"--json", &c.json});
+  for (const auto& o : outs) {
+    const std::string p = kfa::io::output_path_problem(o.option, *o.path);
+    if (!p.empty()) return p;
+  }
+  if (!c.input.empty()) {
+    const auto in = kfa::io::identify(c.input);
+    for (const auto& o : outs)
+      if (kfa::io::same_file(kfa::io::identify(*o.path), in))
+        return std::string(o.option) + " " + *o.path + " and --input " + c.input +
+               " are the same file: writing it would destroy the input; choose another " + o.option + " name";
+  }
+  if (outs.size() == 2 && kfa::io::same_file(kfa::io::identify(c.output), kfa::io::identify(c.json)))
+    return "--json " + c.json + " and --output " + c.output +
+           " are the same file: the summary would overwrite the result; choose another --json name";
+  return "";
+}
+
+// Temporaries `<output>.tmp-*` of an earlier run that was killed (or of one writing the same file now),
+// named on stderr. They are not removed: nothing proves that no other run is still writing them.
+void warn_stale_temporaries(const Config& c) {
+  for (const std::string* path : {&c.output, &c.json}) {
+    if (path->empty()) continue;
+    const auto stale = kfa::io::stale_temporaries(*path);
+    if (stale.empty()) continue;
+    std::string list;
+    for (size_t i = 0; i < stale.size() && i < 10; ++i) {
+      struct stat st;
+      const long bytes = ::stat(stale[i].c_str(), &st) == 0 ? static_cast<long>(st.st_size) : -1;
+      list += "\n  " + stale[i] + " (" + std::to_string(bytes) + " bytes)";
+    }
+    if (stale.size() > 10) list += "\n  ... and " + std::to_string(stale.size() - 10) + " more";
+    std::fprintf(stderr,
+                 "kfa-longseq: warning: %zu temporary file(s) of an earlier run that did not finish (killed?) lie "
+                 "beside %s:%s\n  they are not removed automatically (another run may be writing them); delete them "
+                 "when no run writes %s\n",
+                 stale.size(), path->c_str(), list.c_str(), path->c_str());
+  }
 }
 
 }  // namespace
@@ -438,6 +525,10 @@ int main(int argc, char** argv) {
   app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO read from dataset 'do' or generated)");
   app.add_option("--output", c.output, "write o, lse (and gradients) to this HDF5 file");
   app.add_option("--check", c.check, "check K random query rows per rank against float64")->check(CLI::NonNegativeNumber);
+  app.add_option("--check-tol", c.check_tol,
+                 "relative error --check allows in o and lse (default: o 1e-12 float64, 1e-5 float32, 1e-2 float16/bfloat16; "
+                 "lse 10x the accumulator's)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--json", c.json, "write the summary as JSON to this file");
   app.add_flag("--progress", c.progress, "progress bar on stderr even when it is not a terminal");
   try {
@@ -446,11 +537,17 @@ int main(int argc, char** argv) {
     if (!c.window.empty() && (c.window[0] < -1 || c.window[1] < -1))
       throw CLI::ValidationError("--window values must be >= -1, got " + std::to_string(c.window[0]) + " " + std::to_string(c.window[1]));
     if (c.generate && c.kv_heads == 0) c.kv_heads = c.heads;
-    if (!c.output.empty()) {
-      const auto slash = c.output.find_last_of('/');
-      const std::string dir = slash == std::string::npos ? "." : c.output.substr(0, slash == 0 ? 1 : slash);
-      if (access(dir.c_str(), W_OK) != 0) throw CLI::ValidationError("--output " + c.output + ": directory " + dir + " is not writable");
-    }
+    if (app.count("--output") > 0 && c.output.empty()) throw CLI::ValidationError("--output needs a file name (got an empty string)");
+    if (app.count("--json") > 0 && c.json.empty()) throw CLI::ValidationError("--json needs a file name (got an empty string)");
+    if (app.count("--check-tol") > 0 && c.check == 0) throw CLI::ValidationError("--check-tol needs --check K");
+    // Decided on rank 0 and broadcast, so every rank ends the same way before any work.
+    std::string problem = rank == 0 ? output_problems(c) : std::string();
+    long len = static_cast<long>(problem.size());
+    MPI_Bcast(&len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    problem.resize(static_cast<size_t>(len));
+    MPI_Bcast(&problem[0], static_cast<int>(len), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (!problem.empty()) throw CLI::ValidationError(problem);
+    if (rank == 0) warn_stale_temporaries(c);
   } catch (const CLI::ParseError& e) {
     if (rank == 0) status = app.exit(e);
     else status = e.get_exit_code();
@@ -478,6 +575,7 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
+  kfa::io::finalize();  // HDF5 closes what a failed write left open while MPI is still up
   MPI_Finalize();
   return status;
 }
