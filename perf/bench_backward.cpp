@@ -44,7 +44,9 @@ int main(int argc, char** argv) {
   const double ceiling = gemm_ceiling(gemm_n, reps);
   std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
               kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(), heads);
-  std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s\n", gemm_n, ceiling);
+  std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
+              loaded_blas().c_str());
+  std::printf("# host SIMD: %s\n", host_simd_line().c_str());
   if (markdown)
     std::printf("| N | d | causal | bwd tiles | kfa fwd s | kfa bwd s | bwd GFLOP/s | bwd /GEMM | fwd+bwd GFLOP/s | ref bwd s | "
                 "bwd kfa/ref | fwd+bwd kfa/ref | kfa extra MiB | ref extra MiB |\n"

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -73,6 +74,28 @@ inline double gemm_ceiling(int n, int reps) {
   kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c);  // warm-up
   const double s = median_seconds(reps, [&] { kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c); });
   return 2.0 * n * double(n) * n / s * 1e-9;
+}
+
+// The BLAS library this process has mapped (Debian's libblas.so.3 is an alternative: the reference BLAS
+// or OpenBLAS), so a "GEMM ceiling" says which BLAS it measured.
+inline std::string loaded_blas() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line, found;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if ((path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) &&
+        found.find(path) == std::string::npos)
+      found += (found.empty() ? "" : ", ") + path;
+  }
+  return found.empty() ? "none mapped (statically linked or not used)" : found;
+}
+
+// Host SIMD facts for benchmark headers: the compiled baseline and the ISA the kernels dispatch to.
+inline std::string host_simd_line() {
+  return std::string("compiled for ") + kfa::to_string(kfa::detail::compiled_host_isa) + ", running " +
+         kfa::to_string(kfa::host_isa());
 }
 
 }  // namespace kfa_bench

@@ -3,19 +3,93 @@
 //
 //   kfa_bench_forward [--n 512,1024,...] [--d 64,128] [--heads H] [--reps R] [--no-reference]
 //                     [--reference-max-n N] [--markdown]
+//   kfa_bench_forward --guard [--guard-ratio 5]
+//
+// --guard: a ratio in one run, not a timed test. kfa's forward at N=2048, d=128 (1 head, float) against a
+// plain scalar triple-loop attention of the same shapes (compiled without vectorization) timed in the same
+// process; exits 1 when kfa is not at least --guard-ratio times faster, or when the two disagree.
 //
 // GFLOP/s count 4·B·H·N²·d (halved for causal). Memory is the high-water of Kokkos allocations made
 // during the call (Kokkos Tools callbacks), on top of the inputs and outputs. Fences before every timer.
+#include <cmath>
 #include <cstdio>
 
 #include "bench_common.hpp"
 
 using namespace kfa_bench;
 
+// Plain scalar attention, one query row at a time (scores, softmax, weighted sum): the yardstick of --guard.
+// No vectorization, so its speed depends only on the CPU's scalar throughput, not on the build's -march.
+__attribute__((optimize("no-tree-vectorize"), noinline)) void scalar_attention(const float* q, const float* k,
+                                                                               const float* v, float* o, int n, int d) {
+  std::vector<float> s(n);
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int i = 0; i < n; ++i) {
+    float m = -INFINITY;
+    for (int j = 0; j < n; ++j) {
+      float acc = 0;
+      for (int c = 0; c < d; ++c) acc += q[i * d + c] * k[j * d + c];
+      s[j] = acc * scale;
+      m = s[j] > m ? s[j] : m;
+    }
+    float l = 0;
+    for (int j = 0; j < n; ++j) l += (s[j] = std::exp(s[j] - m));
+    for (int c = 0; c < d; ++c) o[i * d + c] = 0;
+    for (int j = 0; j < n; ++j)
+      for (int c = 0; c < d; ++c) o[i * d + c] += s[j] * v[j * d + c];
+    for (int c = 0; c < d; ++c) o[i * d + c] /= l;
+  }
+}
+
+int guard(double min_ratio) {
+  const int n = 2048, d = 128;
+  Kokkos::View<float****, Kokkos::HostSpace> q("guard::q", 1, n, 1, d), k("guard::k", 1, n, 1, d),
+      v("guard::v", 1, n, 1, d), o("guard::o", 1, n, 1, d), o_ref("guard::o_ref", 1, n, 1, d);
+  Kokkos::View<float***, Kokkos::HostSpace> lse("guard::lse", 1, 1, n);
+  Kokkos::Random_XorShift64_Pool<Kokkos::DefaultHostExecutionSpace> pool(2048);
+  Kokkos::fill_random(q, pool, -1.0f, 1.0f);
+  Kokkos::fill_random(k, pool, -1.0f, 1.0f);
+  Kokkos::fill_random(v, pool, -1.0f, 1.0f);
+  auto qd = Kokkos::create_mirror_view_and_copy(Mem(), q);
+  auto kd = Kokkos::create_mirror_view_and_copy(Mem(), k);
+  auto vd = Kokkos::create_mirror_view_and_copy(Mem(), v);
+  Kokkos::View<float****, Mem> od("guard::od", 1, n, 1, d);
+  Kokkos::View<float***, Mem> lsed("guard::lsed", 1, 1, n);
+  Kokkos::deep_copy(od, std::nanf(""));  // poisoned: every element must be written
+  kfa::attention_forward(Exec(), qd, kd, vd, od, lsed);  // warm-up
+  const double t_kfa = median_seconds(5, [&] { kfa::attention_forward(Exec(), qd, kd, vd, od, lsed); });
+  const auto t0 = std::chrono::steady_clock::now();
+  scalar_attention(q.data(), k.data(), v.data(), o_ref.data(), n, d);
+  const double t_scalar = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Kokkos::deep_copy(o, od);
+  double worst = 0;
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    const double e = std::abs(double(o.data()[i]) - double(o_ref.data()[i]));
+    worst = std::isfinite(e) ? std::max(worst, e) : INFINITY;
+  }
+  const double ratio = t_scalar / t_kfa;
+  const double flops = 4.0 * n * double(n) * d;
+  std::printf("# guard: N=%d d=%d float, 1 head; %s; backend %s\n", n, d, host_simd_line().c_str(), Exec::name());
+  std::printf("# guard: kfa %.4f s (%.1f GFLOP/s), scalar triple loop %.4f s (%.2f GFLOP/s): kfa %.1fx faster "
+              "(required %.1fx); max |o - o_scalar| = %.2e\n",
+              t_kfa, flops / t_kfa * 1e-9, t_scalar, flops / t_scalar * 1e-9, ratio, min_ratio, worst);
+  if (!(worst < 1e-4)) {
+    std::printf("GUARD FAIL: kfa and the scalar loop disagree (%.2e)\n", worst);
+    return 1;
+  }
+  if (ratio < min_ratio) {
+    std::printf("GUARD FAIL: kfa's forward is only %.1fx the scalar triple loop (need %.1fx)\n", ratio, min_ratio);
+    return 1;
+  }
+  std::printf("GUARD PASS\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<int> ns{512, 1024, 2048, 4096, 8192, 16384}, ds{64, 128};
   int heads = 4, reps = 3, ref_max_n = 16384, gemm_n = 2048;
-  bool reference = true, markdown = false;
+  bool reference = true, markdown = false, run_guard = false;
+  double guard_ratio = 5.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -33,19 +107,24 @@ int main(int argc, char** argv) {
     else if (a == "--reference-max-n") ref_max_n = std::stoi(next());
     else if (a == "--no-reference") reference = false;
     else if (a == "--markdown") markdown = true;
+    else if (a == "--guard") run_guard = true;
+    else if (a == "--guard-ratio") guard_ratio = std::stod(next());
     else if (a.rfind("--kokkos", 0) == 0) continue;
     else {
       std::fprintf(stderr, "kfa_bench_forward: unknown argument '%s'\n", a.c_str());
       return 2;
     }
   }
-  Kokkos::ScopeGuard guard(argc, argv);
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  if (run_guard) return guard(guard_ratio);
   track_memory(true);
 
   const double ceiling = gemm_ceiling(gemm_n, reps);
   std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
               kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(), heads);
-  std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s\n", gemm_n, ceiling);
+  std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
+              loaded_blas().c_str());
+  std::printf("# host SIMD: %s\n", host_simd_line().c_str());
   const char* head = markdown ? "| N | d | causal | tiles | kfa s | kfa GFLOP/s | /GEMM | ref s | ref GFLOP/s | kfa/ref | kfa extra MiB | ref extra MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
                               : "%6s %4s %6s %10s %9s %10s %6s %9s %10s %7s %10s %10s\n";
   if (markdown) std::printf("%s", head);

@@ -2,6 +2,8 @@
 // state (−inf) as identity, fp32 partials, and the vectorizable exp used in the kernel's inner loop.
 #include <kfa/detail/fast_exp.hpp>
 
+#include <vector>
+
 #include "../common/kfa_test.hpp"
 
 namespace {
@@ -136,6 +138,40 @@ void check_fast_exp(double max_rel) {
   EXPECT_EQ(kfa::detail::fast_exp(T(0)), T(1));
   EXPECT_TRUE(std::isnan(kfa::detail::fast_exp(std::numeric_limits<T>::quiet_NaN())));
 }
+
+// The vector form the host kernels use (every lane, special values included) against the scalar form.
+template <class T>
+void check_fast_exp_vec() {
+#if KFA_HOST_LANES
+  using L = kfa::detail::LaneVec<32, T>;
+  constexpr int W = L::width;
+  std::vector<T> xs;
+  for (double x = -720.0; x <= 90.0; x += 0.0371) xs.push_back(T(x));
+  for (T special : {-std::numeric_limits<T>::infinity(), T(-1e30), T(0), T(-0.0), T(-87.0), T(-708.0), T(1e-30),
+                    std::numeric_limits<T>::quiet_NaN(), T(88.5), T(-88.0)})
+    xs.push_back(special);
+  while (xs.size() % W) xs.push_back(T(-1));
+  for (std::size_t i = 0; i < xs.size(); i += W) {
+    T out[W];
+    L::store(out, kfa::detail::fast_exp_vec(L::load(xs.data() + i)));
+    for (int x = 0; x < W; ++x) {
+      const T want = kfa::detail::fast_exp(xs[i + x]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[x])) << "x = " << xs[i + x];
+      } else {
+        const double tol = 4 * std::numeric_limits<T>::epsilon() * std::abs(double(want));
+        EXPECT_LE(std::abs(double(out[x]) - double(want)), tol) << "x = " << xs[i + x];
+        if (want == T(0)) EXPECT_EQ(out[x], T(0)) << "x = " << xs[i + x];
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "no host vector extensions in this build";
+#endif
+}
+
+TEST(FastExp, VectorFormMatchesScalarFloat) { check_fast_exp_vec<float>(); }
+TEST(FastExp, VectorFormMatchesScalarDouble) { check_fast_exp_vec<double>(); }
 
 TEST(FastExp, FloatWithinTwoUlp) { check_fast_exp<float>(2.5e-7); }
 TEST(FastExp, DoubleWithinFourUlp) { check_fast_exp<double>(9e-16); }

@@ -132,7 +132,9 @@ struct DkDvKernel {
         team.team_barrier();
         const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
-          score_to_ds(s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+          with_host_isa([&](auto isa) KFA_SIMD_BODY {
+            score_to_ds(isa, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+          });
         });
         team.team_barrier();
         team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dos, d, dva, d, true);  // dV += Pᵀ·dO
@@ -147,7 +149,8 @@ struct DkDvKernel {
   }
 
   /// One query row of a tile: S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
-  KOKKOS_INLINE_FUNCTION void score_to_ds(Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0, int cols,
+  template <class Tag>
+  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0, int cols,
                                           bool need_mask) const {
     if (softcap > Acc(0)) {
       const Acc inv = Acc(1) / softcap;
@@ -166,7 +169,13 @@ struct DkDvKernel {
         srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
       }
     }
-    for (int j = 0; j < bk; ++j) {
+    // The row as bk/8 groups of 8 lanes, so the lane loop vectorizes (tiles are multiples of 8).
+    constexpr int L = 8;
+    Acc lv[L], dv[L];
+    for (int x = 0; x < L; ++x) lv[x] = l, dv[x] = dval;
+    const int groups = bk / L;
+    lanes_p_ds<L>(isa, srow, dprow, L, groups, lv, dv);
+    for (int j = groups * L; j < bk; ++j) {
       const Acc p = fast_exp(srow[j] - l);
       srow[j] = p;
       dprow[j] = p * (dprow[j] - dval);
@@ -249,31 +258,29 @@ struct DqKernel {
       team.team_barrier();
       const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
-        // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
-        // branches so that it vectorizes across the W rows on host.
-        const int ib = chunk * W;
-        if (softcap > Acc(0)) {
-          const Acc inv = Acc(1) / softcap;
-          for (int j = 0; j < bk; ++j)
-            for (int x = 0; x < W; ++x) {
-              const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
-              const bool vis = j < cols && (!need_mask || mask.visible(i0 + ib + x, j0 + j));
-              const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
-              dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
-            }
-          return;
-        }
-        if (need_mask)
-          for (int j = 0; j < bk; ++j)
-            for (int x = 0; x < W; ++x) {
-              const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
-              st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
-            }
-        for (int j = 0; j < bk; ++j)
-          for (int x = 0; x < W; ++x) {
-            const Acc p = fast_exp(st[j * bq + ib + x] - lrow[ib + x]);
-            dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]);
+        with_host_isa([&](auto isa) KFA_SIMD_BODY {
+          // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
+          // branches so that it vectorizes across the W rows on host.
+          const int ib = chunk * W;
+          if (softcap > Acc(0)) {
+            const Acc inv = Acc(1) / softcap;
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) {
+                const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
+                const bool vis = j < cols && (!need_mask || mask.visible(i0 + ib + x, j0 + j));
+                const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
+                dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
+              }
+            return;
           }
+          if (need_mask)
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) {
+                const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+                st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
+              }
+          lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);
+        });
       });
       team.team_barrier();
       team_gemm<ExecSpace>(team, bq, d, bk, dpt, 1, bq, ks, d, dqa, d, true);  // dQ += dS·K (scale applied at the end)

@@ -94,44 +94,40 @@ struct ForwardKernel {
 
       const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
-        const int ib = chunk * W;
-        if (softcap > Acc(0)) {
-          const Acc inv = Acc(1) / softcap;
-          for (int j = 0; j < bk; ++j)
-            for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
-        }
-        if (need_mask) {
-          for (int j = 0; j < bk; ++j)
-            for (int x = 0; x < W; ++x) {
-              const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
-              st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
-            }
-        }
-        Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
-        for (int x = 0; x < W; ++x) tmax[x] = ninf;
-        for (int j = 0; j < bk; ++j)
-          for (int x = 0; x < W; ++x) tmax[x] = st[j * bq + ib + x] > tmax[x] ? st[j * bq + ib + x] : tmax[x];
-        // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
-        // directly at the merged maximum, so their factor is 1.
-        for (int x = 0; x < W; ++x) {
-          const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
-          mnew[x] = f.m;
-          mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
-          scale_old[x] = f.scale_a;
-          sum[x] = Acc(0);
-        }
-        for (int j = 0; j < bk; ++j)
-          for (int x = 0; x < W; ++x) {
-            const Acc p = fast_exp(st[j * bq + ib + x] - mexp[x]);
-            st[j * bq + ib + x] = p;
-            sum[x] += p;
+        with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (host_simd.hpp)
+          const int ib = chunk * W;
+          if (softcap > Acc(0)) {
+            const Acc inv = Acc(1) / softcap;
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
           }
-        for (int x = 0; x < W; ++x) {
-          mrow[ib + x] = mnew[x];
-          lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
-          if (scale_old[x] != Acc(1))
-            for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
-        }
+          if (need_mask) {
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) {
+                const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+                st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
+              }
+          }
+          Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
+          for (int x = 0; x < W; ++x) tmax[x] = ninf;
+          lanes_max<W>(isa, st + ib, bq, bk, tmax);
+          // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
+          // directly at the merged maximum, so their factor is 1.
+          for (int x = 0; x < W; ++x) {
+            const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
+            mnew[x] = f.m;
+            mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
+            scale_old[x] = f.scale_a;
+            sum[x] = Acc(0);
+          }
+          lanes_exp_sum<W>(isa, st + ib, bq, bk, mexp, sum);
+          for (int x = 0; x < W; ++x) {
+            mrow[ib + x] = mnew[x];
+            lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
+            if (scale_old[x] != Acc(1))
+              for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
+          }
+        });
       });
       team.team_barrier();
       // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
