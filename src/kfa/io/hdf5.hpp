@@ -137,7 +137,15 @@ inline std::string hdf5_error_text() {
       H5E_DEFAULT, H5E_WALK_UPWARD,
       [](unsigned, const H5E_error2_t* e, void* d) -> herr_t {
         auto* v = static_cast<std::vector<std::string>*>(d);
-        if (e->desc && *e->desc && v->size() < 3) v->push_back(e->desc);
+        if (!e->desc || !*e->desc || v->size() >= 3) return 0;
+        std::string x = e->desc;
+        // The POSIX driver's "file write failed: time = ..., errno = 28, error message = '...', ..."
+        const auto m = x.find("error message = '");
+        if (m != std::string::npos) {
+          const auto b = m + 17, q = x.find('\'', b);
+          x = x.substr(0, x.find(':')) + ": " + x.substr(b, q == std::string::npos ? std::string::npos : q - b);
+        }
+        v->push_back(x);
         return 0;
       },
       &descs);
@@ -284,10 +292,15 @@ class Writer {
     if (parallel_hdf5() || m_rank == 0) {
       detail::Handle fapl = detail::file_access(comm);
       m_file = detail::Handle(H5Fcreate(m_tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
-      if (m_file.id < 0) err = "kfa::io: --output " + path + ": cannot create " + m_tmp + " (is the directory writable?)";
+      if (m_file.id < 0) err = failure("creating");
     }
-    if (m_file.id < 0) release_reserve();
-    agree(err);
+    try {
+      agree(err);
+    } catch (...) {  // the destructor does not run for a constructor that throws: clean up here
+      release_reserve();
+      if (m_rank == 0) std::remove(m_tmp.c_str());
+      throw;
+    }
   }
   ~Writer() {
     if (m_committed) return;
