@@ -4,8 +4,10 @@ float64 reference, rank-count independence of --generate, bad inputs, and never 
 
   test_longseq.py APP MPIEXEC [MPIEXEC flags...]
 """
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +22,28 @@ MPI = sys.argv[2:]
 FAILURES = []
 
 
-def run(np_, *args, timeout=300):
+def run(np_, *args, timeout=300, cwd=None):
+    """Runs the app on np_ ranks; a run past `timeout` s is killed (its whole process group) and returns 124,
+    so a hang fails the test instead of blocking it."""
     cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return 124, (out or "") + f"\n[killed after {timeout} s: hang]"
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def temporaries(directory):
+    return [x for x in os.listdir(directory) if ".tmp-" in x]
 
 
 def check(cond, what):
@@ -78,6 +98,171 @@ def rel(a, b):
     if not np.all(np.isfinite(a)):
         return np.inf
     return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+GEN = ("--generate", "--seqlen", 128, "--heads", 2, "--head-dim", 16)
+
+
+def output_safety(tmp):
+    """Issue 15, items 1, 2, 3 and 7: outputs never destroy the input or each other, are checked before the
+    run, are committed only when everything succeeded, and a full disk changes nothing (no hang, no crash)."""
+    d = os.path.join(tmp, "safety")
+    os.makedirs(d)
+    inp = os.path.join(d, "in.h5")
+    rng = np.random.default_rng(5)
+    with h5py.File(inp, "w") as f:
+        for name, hh in (("q", 2), ("k", 2), ("v", 2)):
+            f[name] = rng.standard_normal((1, 64, hh, 16)).astype(np.float32)
+    in_hash = sha256(inp)
+    os.symlink("in.h5", os.path.join(d, "link.h5"))
+    out = os.path.join(d, "out.h5")
+    js = os.path.join(d, "summary.json")
+    rc, log = run(2, "--input", inp, "--output", out, "--json", js, "--check", 2)
+    check(rc == 0 and os.path.exists(out) and os.path.exists(js), f"safety: a good run writes out.h5 and the JSON (exit {rc})")
+    if rc != 0:
+        print(log)
+        return
+    out_hash, js_hash = sha256(out), sha256(js)
+
+    # Outputs that are the input, or each other: refused before any work, exit 2, nothing changed.
+    aliases = [
+        ("--output same path as --input", ("--input", inp, "--output", inp), ("--output", "--input")),
+        ("--output ./in.h5 (relative)", ("--input", "in.h5", "--output", "./in.h5"), ("--output", "--input")),
+        ("--output a symlink to --input", ("--input", inp, "--output", os.path.join(d, "link.h5")), ("--output", "--input")),
+        ("--output a/../ path to --input", ("--input", inp, "--output", os.path.join(d, "..", "safety", "in.h5")),
+         ("--output", "--input")),
+        ("--json same path as --input", ("--input", inp, "--json", inp), ("--json", "--input")),
+        ("--json a symlink to --input", ("--input", "in.h5", "--json", "link.h5"), ("--json", "--input")),
+        ("--json same path as --output", ("--input", inp, "--output", out, "--json", out), ("--json", "--output")),
+        ("--json ./out.h5 = --output out.h5", ("--input", inp, "--output", "out.h5", "--json", "./out.h5"),
+         ("--json", "--output")),
+        ("--json = --output, neither existing yet", ("--input", inp, "--output", "new.h5", "--json", "./new.h5"),
+         ("--json", "--output")),
+    ]
+    saved = {p: open(p, "rb").read() for p in (inp, out, js)}
+    for what, args, names in aliases:
+        for p, data in saved.items():  # each case on intact files (a failing build destroys them)
+            with open(p, "wb") as f:
+                f.write(data)
+        if not os.path.islink(os.path.join(d, "link.h5")):
+            os.remove(os.path.join(d, "link.h5"))
+            os.symlink("in.h5", os.path.join(d, "link.h5"))
+        rc, log = run(2, *args, cwd=d)
+        named = all(n in log for n in names) and "same file" in log
+        kept = sha256(inp) == in_hash and sha256(out) == out_hash and sha256(js) == js_hash
+        check(rc == 2 and named and kept and not os.path.exists(os.path.join(d, "new.h5")) and "TFLOP/s" not in log,
+              f"safety: {what}: exit {rc} (want 2), names both options: {named}, input and outputs byte-identical: {kept}")
+        if rc != 2 or not named:
+            print(log)
+
+    for p, data in saved.items():
+        with open(p, "wb") as f:
+            f.write(data)
+
+    # Outputs that cannot be written are found before the run, not after it.
+    for what, args, frag in [
+        ("--json into a missing directory", ("--json", os.path.join(d, "missing", "s.json")), "does not exist"),
+        ("--output into a missing directory", ("--output", os.path.join(d, "missing", "o.h5")), "does not exist"),
+        ('--output ""', ("--output", ""), "--output needs a file name"),
+        ('--json ""', ("--json", ""), "--json needs a file name"),
+        ("--output a directory", ("--output", d), "directory"),
+        ("--check-tol without --check", ("--check-tol", "0"), "--check-tol needs --check"),
+    ]:
+        rc, log = run(2, *GEN, *args)
+        check(rc == 2 and frag in log and "TFLOP/s" not in log, f"safety: {what}: exit {rc} (want 2) before the run, says '{frag}'")
+    ro = os.path.join(d, "ro")
+    os.makedirs(ro)
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", ro], capture_output=True).returncode == 0
+    else:
+        os.chmod(ro, 0o555)
+        mounted = True
+    if mounted:
+        rc, log = run(2, *GEN, "--json", os.path.join(ro, "s.json"))
+        check(rc == 2 and "not writable" in log and "TFLOP/s" not in log, f"safety: --json into a read-only directory: exit {rc} before the run")
+        if os.geteuid() == 0:
+            subprocess.run(["umount", ro])
+    else:
+        print("skip read-only directory case: cannot mount a read-only tmpfs")
+
+    # A failed --check (exit 3) writes nothing: the previous output and JSON stay byte-identical.
+    for nranks in (1, 2):
+        rc, log = run(nranks, "--input", inp, "--output", out, "--json", js, "--check", 2, "--check-tol", 0)
+        kept = sha256(out) == out_hash and sha256(js) == js_hash
+        check(rc == 3 and "FAIL" in log and kept and not temporaries(d),
+              f"safety: failed --check on {nranks} rank(s): exit {rc} (want 3), old output and JSON byte-identical: {kept}, "
+              f"no temporary left: {not temporaries(d)}")
+
+    # Temporaries of an earlier killed run are named (not silently left, not removed behind the user's back).
+    stale = out + ".tmp-1234"
+    with open(stale, "wb") as f:
+        f.write(b"x" * 100)
+    rc, log = run(2, "--input", inp, "--output", out, "--check", 1)
+    check(rc == 0 and stale in log and "warning" in log and os.path.exists(stale), "safety: a stale temporary is named in a warning")
+    os.remove(stale)
+    out_hash = sha256(out)
+
+    full_filesystem(d)
+
+
+def full_filesystem(d):
+    """A full file system (a small tmpfs, mounted when run as root): the old output and JSON stay
+    byte-identical, no temporary is left, the run ends non-zero with 'no space left on device' within 60 s on
+    every rank, without a crash."""
+    if os.geteuid() != 0:
+        print("skip full file system cases: not root (they mount a 2 MiB tmpfs)")
+        return
+    fs = os.path.join(d, "fs")
+    os.makedirs(fs)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", fs], capture_output=True).returncode != 0:
+        print("skip full file system cases: mount -t tmpfs failed")
+        return
+    try:
+        out = os.path.join(fs, "out.h5")
+        js = os.path.join(fs, "summary.json")
+        rc, log = run(1, *GEN, "--output", out, "--json", js)
+        check(rc == 0, f"full fs: a good run first (exit {rc})")
+        if rc != 0:
+            print(log)
+            return
+        hashes = {p: sha256(p) for p in (out, js)}
+        fill = os.path.join(fs, "fill")
+
+        def fill_up(leave_kib):
+            if os.path.exists(fill):
+                os.remove(fill)
+            st = os.statvfs(fs)
+            n = max(0, st.f_bavail * st.f_frsize - leave_kib * 1024)
+            with open(fill, "wb", buffering=0) as f:
+                try:
+                    f.write(b"\0" * n)
+                    if leave_kib == 0:
+                        while True:
+                            f.write(b"\0" * 4096)
+                            f.flush()
+                except OSError:
+                    pass
+
+        # Full to the last block; and 200 KiB left, less than the 512 KiB output of seq 4096.
+        big = ("--generate", "--seqlen", 4096, "--heads", 2, "--head-dim", 16)
+        for leave, args, what in ((0, GEN, "full"), (200, big, "200 KiB free")):
+            for nranks in (1, 2):
+                cases = [(("--output", out, "--json", js), "--output and --json")]
+                if leave == 0:
+                    cases.append((("--json", js), "--json only"))
+                for outputs, label in cases:
+                    fill_up(leave)
+                    rc, log = run(nranks, *args, *outputs, timeout=60)
+                    kept = all(sha256(p) == h for p, h in hashes.items())
+                    said = "no space left on device" in log.lower()
+                    crashed = rc in (124, 134, 139) or rc < 0 or "Segmentation fault" in log or "signal" in log.lower()
+                    check(rc not in (0, 124) and not crashed and kept and said and not temporaries(fs),
+                          f"full fs ({what}), {label}, {nranks} rank(s): exit {rc}, no crash/hang: {not crashed}, "
+                          f"old files byte-identical: {kept}, says no space: {said}, no temporary left: {not temporaries(fs)}")
+                    if rc == 0 or crashed or not said:
+                        print(log[-3000:])
+    finally:
+        subprocess.run(["umount", fs])
 
 
 def main():
@@ -171,7 +356,9 @@ def main():
         rc, log = run(2, *args, "--output", out)
         check(rc != 0 and frag in log and not os.path.exists(out), f"bad input {args}: exit {rc}, says '{frag}'")
     rc, log = run(2, "--generate", "--seqlen", 64, "--output", "/nonexistent_dir/out.h5")
-    check(rc != 0 and "not writable" in log, "unwritable output directory")
+    check(rc == 2 and "/nonexistent_dir" in log and "does not exist" in log, "missing output directory")
+
+    output_safety(tmp)
 
     # A failed or killed run never replaces a good output file, and never leaves a partial one.
     keep = os.path.join(tmp, "keep.h5")
@@ -189,6 +376,8 @@ def main():
     check(not os.path.exists(killed), "killed run leaves no output file")
 
     print(f"{len(FAILURES)} failure(s)")
+    if FAILURES:
+        print("failed:\n  " + "\n  ".join(FAILURES))
     return 1 if FAILURES else 0
 
 
