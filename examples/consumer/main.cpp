@@ -2,6 +2,7 @@
 #include <kfa/kfa.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard guard(argc, argv);
@@ -21,7 +22,18 @@ int main(int argc, char** argv) {
   kfa::attention_forward(Kokkos::DefaultExecutionSpace(), q, k, v, o, lse, opts);
   auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);
   auto lh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), lse);
-  const bool ok = std::abs(oh(0, 0, 0, 3) - 7.0) < 1e-12 && std::abs(lh(0, 0, 0) - std::log(4.0)) < 1e-12;
+  bool ok = std::abs(oh(0, 0, 0, 3) - 7.0) < 1e-12 && std::abs(lh(0, 0, 0) - std::log(4.0)) < 1e-12;
+  // Built with the consumer's flags (no -march here): the host kernels must still dispatch to the widest
+  // ISA this x86-64 CPU has, unless KFA_HOST_ISA caps it.
+  std::printf("host SIMD: compiled for %s, running %s\n", kfa::to_string(kfa::detail::compiled_host_isa),
+              kfa::to_string(kfa::host_isa()));
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (!std::getenv("KFA_HOST_ISA") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      static_cast<int>(kfa::host_isa()) < static_cast<int>(kfa::HostIsa::avx2)) {
+    std::printf("FAIL: this CPU has AVX2+FMA but the kernels run %s\n", kfa::to_string(kfa::host_isa()));
+    ok = false;
+  }
+#endif
   std::printf("kfa %s installed package: o = %.15f (want 7), lse = %.15f (want log 4): %s\n", KFA_VERSION_STRING,
               oh(0, 0, 0, 3), lh(0, 0, 0), ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
