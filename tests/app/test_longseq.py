@@ -208,7 +208,7 @@ def output_safety(tmp):
 def full_filesystem(d):
     """A full file system (a small tmpfs, mounted when run as root): the old output and JSON stay
     byte-identical, no temporary is left, the run ends non-zero with 'no space left on device' within 60 s on
-    every rank, without a crash."""
+    every rank, without a crash (c8edcdf: a segfault, exit 139, in MPI_Finalize; hangs at P >= 2 per issue 15)."""
     if os.geteuid() != 0:
         print("skip full file system cases: not root (they mount a 2 MiB tmpfs)")
         return
@@ -246,7 +246,7 @@ def full_filesystem(d):
         # Full to the last block; and 200 KiB left, less than the 512 KiB output of seq 4096.
         big = ("--generate", "--seqlen", 4096, "--heads", 2, "--head-dim", 16)
         for leave, args, what in ((0, GEN, "full"), (200, big, "200 KiB free")):
-            for nranks in (1, 2):
+            for nranks in (1, 2, 3):
                 cases = [(("--output", out, "--json", js), "--output and --json")]
                 if leave == 0:
                     cases.append((("--json", js), "--json only"))
