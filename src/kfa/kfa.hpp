@@ -3,6 +3,7 @@
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
 #include <kfa/config.hpp>
+#include <kfa/detail/host_simd.hpp>  // kfa::host_isa(): the host vector ISA in use
 #include <kfa/error.hpp>
 #include <kfa/merge.hpp>
 #include <kfa/online_softmax.hpp>
