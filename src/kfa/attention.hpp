@@ -189,13 +189,27 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, con
 }
 
 namespace detail {
-/// attention_backward after its checks, for a block at `pos` of a longer sequence (lse and o of the whole
-/// rows, so P and D are exact): overwrites dq, dk, dv with this block's contributions.
-template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
-          class DVV>
-void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
-                   const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
-                   const AttentionOptions& opts, const Positions& pos) {
+/// D[b, h, i] = Σ_c dO ∘ O over the rows of o, in the accumulation type (the backward's row term).
+template <class ExecSpace, class OV, class DOV>
+Kokkos::View<accumulator_t<typename OV::non_const_value_type>***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
+backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
+  using Acc = accumulator_t<typename OV::non_const_value_type>;
+  const int batch = static_cast<int>(o.extent(0)), nq = static_cast<int>(o.extent(1)), hq = static_cast<int>(o.extent(2));
+  Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
+      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
+  if (batch > 0 && hq > 0 && nq > 0)
+    Kokkos::parallel_for("kfa::attention_backward::D",
+                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
+                         RowDotKernel<ExecSpace, OV, DOV, decltype(dd)>{o, d_o, dd});
+  return dd;
+}
+
+/// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
+/// computes D once for a rank's whole shard instead of once per block.
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
+void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+                     const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
+                     const AttentionOptions& opts, const Positions& pos) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   const int d = static_cast<int>(q.extent(3));
@@ -233,14 +247,6 @@ void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV
 
   const Acc scale = static_cast<Acc>(resolved_scale<T>(opts, q.extent(3)));
   const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
-  Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
-      Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
-  using DD = decltype(dd);
-  if (nq > 0)
-    Kokkos::parallel_for("kfa::attention_backward::D",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
-                         RowDotKernel<ExecSpace, OV, DOV, DD>{o, d_o, dd});
-
   if (tc) {
     if constexpr (has_tensor_core_path<ExecSpace, T>::value)
       tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
@@ -266,6 +272,16 @@ void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV
     p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
     Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
   }
+}
+
+/// attention_backward after its checks, for a block at `pos` of a longer sequence (lse and o of the whole
+/// rows, so P and D are exact): overwrites dq, dk, dv with this block's contributions.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
+          class DVV>
+void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                   const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
+                   const AttentionOptions& opts, const Positions& pos) {
+  backward_impl_d(fn, space, q, k, v, d_o, lse, backward_row_dot(space, o, d_o), dq, dk, dv, opts, pos);
 }
 
 }  // namespace detail

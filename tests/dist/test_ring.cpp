@@ -2,6 +2,8 @@
 // rank computes from the same global tensors (seed broadcast from rank 0, fresh every run).
 #include <kfa/dist/dist.hpp>
 
+#include <cstdlib>
+
 #include "../common/kfa_test.hpp"
 
 using namespace kfa_test;
@@ -65,6 +67,7 @@ struct Case {
   RefOptions ro;
   Shape s;                        // seq_q = seq_k = total length
   std::vector<long> explicit_len;  // contiguous only: per-rank lengths (empty: even cut)
+  std::size_t max_message_bytes = 0;  // 0: the Ring's default
 };
 
 std::vector<kfa::dist::Segment> segments_for(const Case& c, long n, int p, int r) {
@@ -93,8 +96,18 @@ void check_ring(const Case& c, bool backward) {
   Lse<T> lse("lse", s.batch, s.heads_q, n);
   poison(o), poison(lse);
   kfa::dist::Ring ring(MPI_COMM_WORLD, c.layout);
+  if (c.max_message_bytes) ring.set_max_message_bytes(c.max_message_bytes);
   const kfa::AttentionOptions opts = to_kfa(c.ro);
-  kfa::dist::ring_attention_forward(Exec(), ring, ql, kl, vl, o, lse, opts);
+  kfa::dist::RingStats fst;
+  kfa::dist::ring_attention_forward(Exec(), ring, ql, kl, vl, o, lse, opts, &fst);
+  std::size_t sent = 0;
+  for (const auto& st : fst.steps) sent += st.bytes;
+  if (p == 1) EXPECT_EQ(sent, 0u) << "P = 1 must send nothing";
+  if (p > 1 && c.max_message_bytes) {
+    // every K/V message was split: at least 3 chunks each
+    const std::size_t kv_bytes = 2 * std::size_t(s.batch) * ql.extent(1) * s.heads_kv * s.head_dim * sizeof(T);
+    EXPECT_GE(kv_bytes, 3 * c.max_message_bytes) << "the case must force >= 3 chunks";
+  }
   std::vector<double> oref, lref;
   reference_forward64(s, c.ro, qh, kh, vh, oref, lref);
   EXPECT_TRUE(close_frobenius(to_doubles4(o), take_rows4(oref, s, s.heads_q, s.seq_q, segs), tolerance<T>()));
@@ -103,7 +116,11 @@ void check_ring(const Case& c, bool backward) {
   Tensor<T> dq("dq", s.batch, n, s.heads_q, s.head_dim), dk("dk", s.batch, n, s.heads_kv, s.head_dim),
       dv("dv", s.batch, n, s.heads_kv, s.head_dim);
   poison(dq), poison(dk), poison(dv);
-  kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, dol, lse, dq, dk, dv, opts);
+  kfa::dist::RingStats bst;
+  kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, dol, lse, dq, dk, dv, opts, &bst);
+  std::size_t bsent = 0;
+  for (const auto& st : bst.steps) bsent += st.bytes;
+  if (p == 1) EXPECT_EQ(bsent, 0u) << "P = 1 must send nothing";
   std::vector<double> rdq, rdk, rdv;
   reference_backward64(s, c.ro, qh, kh, vh, doh, rdq, rdk, rdv);
   EXPECT_TRUE(close_frobenius(to_doubles4(dq), take_rows4(rdq, s, s.heads_q, s.seq_q, segs), tolerance<T>())) << "dq";
@@ -170,6 +187,51 @@ TYPED_TEST(Ring, UnevenExplicitShards) {
   RefOptions ro;
   ro.causal = true;
   check_ring<TypeParam>({Layout::contiguous, ro, Shape{1, int(total), int(total), 2, 1, 32}, len}, true);
+}
+
+// Messages larger than Ring::max_message_bytes go in chunks (every K/V and dK/dV message here in >= 3).
+TYPED_TEST(Ring, ChunkedMessages) {
+  const int p = world_size();
+  RefOptions ro;
+  ro.causal = true;
+  const Shape s{1, 24 * p, 24 * p, 2, 2, 32};
+  const std::size_t kv_bytes = 2 * std::size_t(24) * 2 * 32 * sizeof(TypeParam);  // one shard's K and V
+  for (Layout layout : {Layout::contiguous, Layout::zigzag})
+    check_ring<TypeParam>({layout, ro, s, {}, kv_bytes / 3 - 1}, true);
+  EXPECT_THROW(kfa::dist::Ring(MPI_COMM_WORLD).set_max_message_bytes(0), kfa::Error);
+  EXPECT_THROW(kfa::dist::Ring(MPI_COMM_WORLD).set_max_message_bytes(std::size_t(1) << 31), kfa::Error);
+}
+
+// A failure on one rank in the middle of a ring (the KFA_RING_FAULT test hook): every rank throws the same
+// kfa::Error naming that rank and step, nobody hangs, and the ring works again afterwards.
+TEST(RingErrors, FaultInTheMiddleOfARingFailsEverywhere) {
+  const int p = world_size(), r = world_rank();
+  const int bad_rank = p - 1, bad_step = p > 1 ? 1 : 0;
+  const std::string hook = std::to_string(bad_rank) + ":" + std::to_string(bad_step);
+  const std::string want = "ring step " + std::to_string(bad_step) + ": rank " + std::to_string(bad_rank) + " of " +
+                           std::to_string(p) + ": kfa::dist: fault injected";
+  Tensor<float> q("q", 1, 16, 2, 32), k("k", 1, 16, 2, 32), v("v", 1, 16, 2, 32), o("o", 1, 16, 2, 32),
+      d_o("do", 1, 16, 2, 32), dq("dq", 1, 16, 2, 32), dk("dk", 1, 16, 2, 32), dv("dv", 1, 16, 2, 32);
+  Lse<float> lse("lse", 1, 2, 16);
+  std::mt19937_64 rng(shared_seed());
+  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
+  for (Layout layout : {Layout::contiguous, Layout::zigzag}) {
+    setenv("KFA_RING_FAULT", hook.c_str(), 1);
+    kfa::dist::Ring faulty(MPI_COMM_WORLD, layout);
+    unsetenv("KFA_RING_FAULT");
+    kfa::dist::Ring fine(MPI_COMM_WORLD, layout);
+    for (int pass = 0; pass < 2; ++pass) {
+      try {
+        if (pass == 0) kfa::dist::ring_attention_forward(Exec(), faulty, q, k, v, o, lse);
+        else kfa::dist::ring_attention_backward(Exec(), faulty, q, k, v, o, d_o, lse, dq, dk, dv);
+        ADD_FAILURE() << "no exception on rank " << r << " (pass " << pass << ")";
+      } catch (const kfa::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      }
+      // the same communicator is usable afterwards: nothing was left posted
+      EXPECT_NO_THROW(kfa::dist::ring_attention_forward(Exec(), fine, q, k, v, o, lse));
+    }
+  }
 }
 
 TEST(RingErrors, MismatchOnOneRankFailsEverywhere) {

@@ -7,6 +7,14 @@
 /// with kfa::merge_lse — the same combine rule the kernel applies per tile — in fp32 (fp64 for double).
 /// In the backward pass dQ stays local while the dK/dV accumulators travel with K/V and come home.
 /// Masks use global token positions, so causal and sliding windows are exact for any shard sizes.
+///
+/// Transport (reported by Ring::transport() and RingStats::transport): host memory goes to MPI directly;
+/// device memory goes to MPI directly where MPI is GPU-aware, else through host staging buffers (pinned
+/// where the backend has pinned memory) allocated once per call. Messages are split into chunks of at most
+/// Ring::max_message_bytes() (default 1 GiB), so no message meets MPI's 2^31 count limit. Nothing is sent at
+/// P = 1. A failure on any rank in the middle of a ring is agreed at the end of the step: every rank
+/// completes the step's transfers (no request is left posted into freed memory) and throws the same
+/// kfa::Error.
 #include <mpi.h>
 #if defined(OPEN_MPI) && defined(__has_include)
 #if __has_include(<mpi-ext.h>)
@@ -20,7 +28,9 @@
 #include <array>
 #include <functional>
 #include <chrono>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -49,7 +59,11 @@ inline bool mpi_reports_gpu_aware() {
 class Ring {
  public:
   /// Duplicates `comm` (freed with the last copy of this Ring). Device buffers go to MPI directly when
-  /// `gpu_aware` resolves to yes, else through host mirrors (host-accessible buffers always go directly).
+  /// `gpu_aware` resolves to yes, else through host staging buffers (host-accessible buffers always go
+  /// directly).
+  ///
+  /// Test hook: `KFA_RING_FAULT=r:s` in the environment makes rank r throw at ring step s of every ring
+  /// call (a stand-in for an allocation or kernel failure in the middle of a ring).
   explicit Ring(MPI_Comm comm, Layout layout = Layout::contiguous, GpuAwareMpi gpu_aware = GpuAwareMpi::automatic)
       : m_layout(layout),
         m_gpu_aware(gpu_aware == GpuAwareMpi::yes || (gpu_aware == GpuAwareMpi::automatic && mpi_reports_gpu_aware())) {
@@ -63,12 +77,32 @@ class Ring {
     });
     MPI_Comm_rank(dup, &m_rank);
     MPI_Comm_size(dup, &m_size);
+    if (const char* f = std::getenv("KFA_RING_FAULT")) {
+      if (std::sscanf(f, "%d:%d", &m_fault_rank, &m_fault_step) != 2) m_fault_rank = m_fault_step = -1;
+    }
   }
   MPI_Comm comm() const { return *m_comm; }
   int rank() const { return m_rank; }
   int size() const { return m_size; }
   Layout layout() const { return m_layout; }
   bool gpu_aware() const { return m_gpu_aware; }
+
+  /// Largest single MPI message; larger transfers are split into chunks of at most this many bytes
+  /// (1 ≤ bytes ≤ 2^31 − 1; default 1 GiB). Small values force many chunks (tests do).
+  void set_max_message_bytes(std::size_t bytes) {
+    if (bytes < 1 || bytes > static_cast<std::size_t>(INT_MAX))
+      kfa::detail::fail("kfa::dist::Ring::set_max_message_bytes: ", bytes, " is outside [1, ", INT_MAX, "]");
+    m_max_message_bytes = bytes;
+  }
+  std::size_t max_message_bytes() const { return m_max_message_bytes; }
+
+  /// How buffers in memory space Mem travel: "host memory (MPI)", "device memory (GPU-aware MPI)" or
+  /// "host staging (pinned)" / "host staging (pageable)".
+  template <class Mem>
+  std::string transport() const;
+
+  /// The KFA_RING_FAULT test hook: true when this rank is to fail at `step`.
+  bool fault_at(int step) const { return m_fault_rank == m_rank && m_fault_step == step; }
 
   static void check_mpi(int rc, const char* call) {
     if (rc != MPI_SUCCESS) {
@@ -84,6 +118,8 @@ class Ring {
   Layout m_layout;
   bool m_gpu_aware;
   int m_rank = 0, m_size = 1;
+  std::size_t m_max_message_bytes = std::size_t(1) << 30;
+  int m_fault_rank = -1, m_fault_step = -1;
 };
 
 /// Per-step timings a ring call can report (pass a RingStats* as the last argument). Collecting them
@@ -98,6 +134,7 @@ struct RingStepStats {
 struct RingStats {
   std::vector<RingStepStats> steps;
   double total_s = 0;
+  std::string transport;  ///< how K/V (and dK/dV) travelled (Ring::transport)
   /// Called on every rank after each ring step with (steps done, steps in all); e.g. a progress bar.
   std::function<void(int, int)> on_step;
 };
@@ -203,54 +240,219 @@ void copy_into(const ExecSpace& space, const Dst& dst, const Src& src, const cha
                        });
 }
 
-/// Nonblocking exchange of one contiguous buffer: send `send` to the next rank, receive `recv` from the
-/// previous one, through host mirrors unless the ring is GPU-aware. Keeps everything alive until wait().
-template <class ExecSpace, class View>
-class RingExchange {
+/// Host memory for staging device buffers: pinned where the backend has it (asynchronous copies, DMA).
+#if defined(KOKKOS_ENABLE_CUDA)
+using StagingSpace = Kokkos::CudaHostPinnedSpace;
+constexpr bool staging_is_pinned = true;
+#else
+using StagingSpace = Kokkos::HostSpace;
+constexpr bool staging_is_pinned = false;
+#endif
+
+/// The MPI requests of one transfer, split into chunks of at most `max_bytes`. Messages between one pair
+/// with one tag are matched in order, so the chunks of a transfer share its tag.
+class Requests {
  public:
-  /// Sends to rank + shift and receives from rank − shift (mod size); shift 1 is one step around the ring.
-  RingExchange(const ExecSpace& space, const Ring& ring, const View& send, std::size_t send_count, const View& recv,
-               std::size_t recv_count, int tag, int shift = 1)
-      : m_space(space), m_send(send), m_recv(recv) {
-    using T = typename View::non_const_value_type;
-    constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible;
-    const bool stage = !host && !ring.gpu_aware();
-    const std::size_t sb = send_count * sizeof(T), rb = recv_count * sizeof(T);
-    if (sb > 2147483647UL || rb > 2147483647UL)
-      kfa::detail::fail("kfa::dist: a ring message of ", std::max(sb, rb), " bytes exceeds 2^31 - 1; use more ranks");
-    m_space.fence();  // the data to send is complete before MPI reads it
-    const int sz = ring.size(), sh = ((shift % sz) + sz) % sz;
-    const int next = (ring.rank() + sh) % sz, prev = (ring.rank() + sz - sh) % sz;
-    if (stage) {
-      m_send_host = Kokkos::create_mirror_view(send);
-      m_recv_host = Kokkos::create_mirror_view(recv);
-      Kokkos::deep_copy(m_send_host, send);
+  void post_recv(void* p, std::size_t bytes, int from, int tag, MPI_Comm comm, std::size_t max_bytes) {
+    for (std::size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += max_bytes) {
+      const int n = static_cast<int>(std::min(max_bytes, bytes - off));
+      m_req.emplace_back();
+      Ring::check_mpi(MPI_Irecv(static_cast<char*>(p) + off, n, MPI_BYTE, from, tag, comm, &m_req.back()), "MPI_Irecv");
+      if (bytes == 0) break;
     }
-    void* rptr = stage ? static_cast<void*>(m_recv_host.data()) : static_cast<void*>(recv.data());
-    const void* sptr = stage ? static_cast<const void*>(m_send_host.data()) : static_cast<const void*>(send.data());
-    m_staged = stage;
-    Ring::check_mpi(MPI_Irecv(rptr, static_cast<int>(rb), MPI_BYTE, prev, tag, ring.comm(), &m_req[0]), "MPI_Irecv");
-    Ring::check_mpi(MPI_Isend(sptr, static_cast<int>(sb), MPI_BYTE, next, tag, ring.comm(), &m_req[1]), "MPI_Isend");
   }
-  /// Lets MPI progress the transfer (between block computations).
-  void poke() {
+  void post_send(const void* p, std::size_t bytes, int to, int tag, MPI_Comm comm, std::size_t max_bytes) {
+    for (std::size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += max_bytes) {
+      const int n = static_cast<int>(std::min(max_bytes, bytes - off));
+      m_req.emplace_back();
+      Ring::check_mpi(MPI_Isend(static_cast<const char*>(p) + off, n, MPI_BYTE, to, tag, comm, &m_req.back()),
+                      "MPI_Isend");
+      if (bytes == 0) break;
+    }
+  }
+  std::size_t messages() const { return m_req.size(); }
+  bool active() const { return !m_req.empty(); }
+  /// Lets MPI progress the transfer; true when it is complete.
+  bool test() {
+    if (m_req.empty()) return true;
     int done = 0;
-    Ring::check_mpi(MPI_Testall(2, m_req, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    m_done = done != 0;
+    Ring::check_mpi(MPI_Testall(static_cast<int>(m_req.size()), m_req.data(), &done, MPI_STATUSES_IGNORE),
+                    "MPI_Testall");
+    if (done) m_req.clear();
+    return done != 0;
   }
   void wait() {
-    if (!m_done) Ring::check_mpi(MPI_Waitall(2, m_req, MPI_STATUSES_IGNORE), "MPI_Waitall");
-    if (m_staged) Kokkos::deep_copy(m_recv, m_recv_host);
+    if (m_req.empty()) return;
+    Ring::check_mpi(MPI_Waitall(static_cast<int>(m_req.size()), m_req.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    m_req.clear();
+  }
+  /// On an abnormal exit: cancel what can be cancelled and give MPI up to `seconds` to finish the rest;
+  /// true when nothing is left posted (else the caller must keep the buffers alive).
+  bool abandon(double seconds = 5.0) noexcept {
+    for (MPI_Request& r : m_req)
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!m_req.empty()) {
+      int done = 0;
+      if (MPI_Testall(static_cast<int>(m_req.size()), m_req.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+      if (done) m_req.clear();
+      else if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds)
+        break;
+    }
+    return m_req.empty();
   }
 
  private:
-  ExecSpace m_space;
-  View m_send, m_recv;
-  typename View::HostMirror m_send_host, m_recv_host;
-  bool m_staged = false;
-  bool m_done = false;
-  MPI_Request m_req[2];
+  std::vector<MPI_Request> m_req;
 };
+
+/// Buffers that an abandoned transfer may still touch: kept alive until the process ends.
+inline std::vector<std::shared_ptr<void>>& graveyard() {
+  static std::vector<std::shared_ptr<void>> g;
+  return g;
+}
+
+/// Moves one flat buffer per ring step to a peer and receives one from another, for the whole of one ring
+/// call: the host staging buffers (device memory without GPU-aware MPI) are allocated once, sized for the
+/// largest message; a self-transfer (shift 0) is a local copy; chunks of at most ring.max_message_bytes().
+/// start() posts the transfer, test() progresses it, finish() completes it and puts the received data in
+/// place. Destroyed with a transfer in flight (an exception), it cancels or completes the requests first and
+/// never frees a buffer MPI may still write.
+template <class ExecSpace, class T>
+class Exchanger {
+ public:
+  using Mem = typename ExecSpace::memory_space;
+  using Flat = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
+  using Staging = Kokkos::View<T*, Kokkos::LayoutRight, StagingSpace>;
+  static constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+
+  Exchanger(const ExecSpace& space, const Ring& ring, std::size_t max_count, const std::string& label)
+      : m_space(space), m_ring(&ring), m_stage(!host_accessible && !ring.gpu_aware()) {
+    if (m_stage && ring.size() > 1) {
+      m_send_host = Staging(Kokkos::view_alloc(label + "::send_host", Kokkos::WithoutInitializing), max_count);
+      m_recv_host = Staging(Kokkos::view_alloc(label + "::recv_host", Kokkos::WithoutInitializing), max_count);
+    }
+  }
+  ~Exchanger() {
+    if (!m_req.active()) return;
+    if (!m_req.abandon()) {
+      auto keep = std::make_shared<std::tuple<Flat, Flat, Staging, Staging>>(m_send, m_recv, m_send_host, m_recv_host);
+      graveyard().push_back(keep);
+    }
+  }
+  Exchanger(const Exchanger&) = delete;
+  Exchanger& operator=(const Exchanger&) = delete;
+
+  /// Sends send[0, send_count) to rank + shift and receives recv_count elements into recv from rank − shift
+  /// (mod size). The data to send must be complete on `space` (this fences it first when it must).
+  void start(const Flat& send, std::size_t send_count, const Flat& recv, std::size_t recv_count, int tag,
+             int shift = 1) {
+    const int sz = m_ring->size(), sh = ((shift % sz) + sz) % sz;
+    m_send = send, m_recv = recv, m_recv_count = recv_count;
+    m_bytes = 0;
+    if (sh == 0) {  // to and from this rank: nothing goes through MPI
+      m_local = true;
+      Kokkos::deep_copy(m_space, Kokkos::subview(recv, std::make_pair(std::size_t(0), recv_count)),
+                        Kokkos::subview(send, std::make_pair(std::size_t(0), send_count)));
+      return;
+    }
+    m_local = false;
+    const int next = (m_ring->rank() + sh) % sz, prev = (m_ring->rank() + sz - sh) % sz;
+    const std::size_t mb = m_ring->max_message_bytes();
+    const void* sptr = send.data();
+    void* rptr = recv.data();
+    if (m_stage) {
+      Kokkos::deep_copy(m_space, Kokkos::subview(m_send_host, std::make_pair(std::size_t(0), send_count)),
+                        Kokkos::subview(send, std::make_pair(std::size_t(0), send_count)));
+      sptr = m_send_host.data();
+      rptr = m_recv_host.data();
+    }
+    m_space.fence();  // the data to send (or its staged copy) is complete before MPI reads it
+    m_req.post_recv(rptr, recv_count * sizeof(T), prev, tag, m_ring->comm(), mb);
+    m_req.post_send(sptr, send_count * sizeof(T), next, tag, m_ring->comm(), mb);
+    m_bytes = send_count * sizeof(T);
+  }
+  /// Lets MPI progress the transfer (call between block computations).
+  void test() {
+    if (!m_local) m_req.test();
+  }
+  /// Completes the transfer; the received data is in `recv` (ordered on `space`).
+  void finish() {
+    if (m_local) return;
+    m_req.wait();
+    if (m_stage)
+      Kokkos::deep_copy(m_space, Kokkos::subview(m_recv, std::make_pair(std::size_t(0), m_recv_count)),
+                        Kokkos::subview(m_recv_host, std::make_pair(std::size_t(0), m_recv_count)));
+  }
+  /// Bytes this rank sent in the last transfer (0 for a local copy).
+  std::size_t bytes() const { return m_bytes; }
+
+ private:
+  ExecSpace m_space;
+  const Ring* m_ring;
+  bool m_stage, m_local = false;
+  Staging m_send_host, m_recv_host;
+  Flat m_send, m_recv;
+  std::size_t m_recv_count = 0, m_bytes = 0;
+  Requests m_req;
+};
+
+/// One blocking-style exchange of a whole flat View (kept for kfa-longseq and the ring benchmark, which
+/// time a bare exchange): starts at construction, wait() completes it. Prefer time_ring_exchange().
+template <class ExecSpace, class View>
+class RingExchange {
+ public:
+  using T = typename View::non_const_value_type;
+  RingExchange(const ExecSpace& space, const Ring& ring, const View& send, std::size_t send_count, const View& recv,
+               std::size_t recv_count, int tag, int shift = 1)
+      : m_ex(space, ring, std::max(send_count, recv_count), "kfa::dist::RingExchange") {
+    m_ex.start(send, send_count, recv, recv_count, tag, shift);
+  }
+  void poke() { m_ex.test(); }
+  void wait() { m_ex.finish(); }
+
+ private:
+  Exchanger<ExecSpace, T> m_ex;
+};
+
+/// End of a ring step: agrees on whether any rank failed during it; if so, every rank throws the same
+/// kfa::Error naming the first failing rank. The step's transfers must be complete (finish()) before.
+inline void agree_on_step(const Ring& ring, const char* fn, int step, const std::string& local_error) {
+  int mine = local_error.empty() ? 0 : 1, any = 0;
+  Ring::check_mpi(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, ring.comm()), "MPI_Allreduce");
+  if (!any) return;
+  constexpr int cap = 512;
+  std::array<char, cap> msg{};
+  std::snprintf(msg.data(), cap, "%s", local_error.c_str());
+  std::vector<char> all(static_cast<std::size_t>(cap) * ring.size());
+  Ring::check_mpi(MPI_Allgather(msg.data(), cap, MPI_CHAR, all.data(), cap, MPI_CHAR, ring.comm()), "MPI_Allgather");
+  for (int r = 0; r < ring.size(); ++r) {
+    const char* m = all.data() + static_cast<std::size_t>(r) * cap;
+    if (m[0] != '\0')
+      kfa::detail::fail(fn, ": ring step ", step, ": rank ", r, " of ", ring.size(), ": ", std::string(m, strnlen(m, cap)));
+  }
+}
+
+/// Runs `body` and returns its exception's message ("" when none): a ring step's work, whose failure must
+/// reach agree_on_step instead of leaving the other ranks waiting.
+template <class F>
+std::string capture(F&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    return e.what()[0] ? e.what() : "unknown error";
+  } catch (...) {
+    return "unknown exception";
+  }
+  return "";
+}
+
+/// Allocations of a ring call, agreed: when one rank cannot allocate, every rank throws.
+template <class F>
+void agreed_allocation(const Ring& ring, const char* fn, F&& alloc) {
+  const std::string err = capture(alloc);
+  agree_on_step(ring, fn, -1, err.empty() ? err : "allocating the ring buffers: " + err);
+}
 
 /// Wall-clock stopwatch for RingStats; fences `space` first so device work is counted where it ran.
 template <class ExecSpace>
@@ -314,6 +516,33 @@ inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, i
 
 }  // namespace detail
 
+template <class Mem>
+std::string Ring::transport() const {
+  if (m_size == 1) return "none (one rank)";
+  if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return "host memory (MPI)";
+  if (m_gpu_aware) return "device memory (GPU-aware MPI)";
+  return detail::staging_is_pinned ? "host staging (pinned, allocated once)" : "host staging (allocated once)";
+}
+
+/// Seconds (the slowest rank's) of one ring exchange of `count` elements of T with nothing to hide it,
+/// through the same transport as ring_attention_*: the denominator of "communication hidden". Collective.
+template <class T, class ExecSpace>
+double time_ring_exchange(const ExecSpace& space, const Ring& ring, std::size_t count) {
+  if (ring.size() == 1) return 0.0;
+  using Flat = Kokkos::View<T*, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+  Flat a("kfa::dist::time_ring_exchange::a", count), b("kfa::dist::time_ring_exchange::b", count);
+  detail::Exchanger<ExecSpace, T> ex(space, ring, count, "kfa::dist::time_ring_exchange");
+  space.fence();
+  Ring::check_mpi(MPI_Barrier(ring.comm()), "MPI_Barrier");
+  const double t0 = MPI_Wtime();
+  ex.start(a, count, b, count, 97);
+  ex.finish();
+  space.fence();
+  double t = MPI_Wtime() - t0;
+  Ring::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, ring.comm()), "MPI_Allreduce");
+  return t;
+}
+
 /// Ring attention forward over the ranks of `ring`: each rank passes its shard of q [batch, n_q(rank),
 /// heads_q, d] and of k, v [batch, n_k(rank), heads_kv, d] in ring.layout() and gets its shard of
 /// o and lse [batch, heads_q, n_q(rank)] — equal to attention_forward on the gathered sequence up to
@@ -333,19 +562,44 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
                               "," + dtype_name<T>() + "]");
   const long b = q.extent(0), nq = q.extent(1), hq = q.extent(2), hkv = k.extent(2), d = q.extent(3);
   const int p = ring.size(), me = ring.rank();
-
-  detail::KvBuffer<T, Mem> cur("kfa::dist::ring_forward::kv_a", b, map.k_length_max(), hkv, d),
-      nxt("kfa::dist::ring_forward::kv_b", b, map.k_length_max(), hkv, d);
-  detail::copy_into(space, cur.tile(map.k_length(me), 0), k, "kfa::dist::ring_forward::load_k");
-  detail::copy_into(space, cur.tile(map.k_length(me), 1), v, "kfa::dist::ring_forward::load_v");
-  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> o_acc("kfa::dist::ring_forward::o_acc", b, nq, hq, d),
-      o_part("kfa::dist::ring_forward::o_part", b, nq, hq, d);
-  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse_acc("kfa::dist::ring_forward::lse_acc", b, hq, nq),
-      lse_part("kfa::dist::ring_forward::lse_part", b, hq, nq);
-  Kokkos::deep_copy(space, lse_acc, -compat::infinity<Acc>());  // the empty state: merges as the identity
   const bool timed = stats != nullptr;
-  if (timed) stats->steps.assign(p, RingStepStats{});
+  if (timed) stats->transport = ring.transport<Mem>();
   const double t_begin = detail::stamp(space, timed);
+
+  if (p == 1) {  // the whole sequence is here: one kernel call, straight into o and lse, nothing sent
+    std::string err = detail::capture([&] {
+      if (ring.fault_at(0)) kfa::detail::fail("kfa::dist: fault injected at ring step 0 on rank ", me, " (KFA_RING_FAULT)");
+      kfa::detail::forward_impl(fn, space, q, k, v, o, lse, opts, kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
+      space.fence();
+    });
+    detail::agree_on_step(ring, fn, 0, err);
+    if (timed) {
+      stats->steps.assign(1, RingStepStats{detail::stamp(space, true) - t_begin, 0.0, 0.0, 0, 1});
+      stats->total_s = stats->steps[0].compute_s;
+      if (stats->on_step) stats->on_step(1, 1);
+    }
+    return;
+  }
+
+  using Kv = detail::KvBuffer<T, Mem>;
+  std::unique_ptr<Kv> cur, nxt;
+  std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex;
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> o_acc, o_part;
+  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse_acc, lse_part;
+  detail::agreed_allocation(ring, fn, [&] {
+    cur.reset(new Kv("kfa::dist::ring_forward::kv_a", b, map.k_length_max(), hkv, d));
+    nxt.reset(new Kv("kfa::dist::ring_forward::kv_b", b, map.k_length_max(), hkv, d));
+    ex.reset(new detail::Exchanger<ExecSpace, T>(space, ring, cur->count(map.k_length_max()),
+                                                 "kfa::dist::ring_forward::exchange"));
+    o_acc = decltype(o_acc)("kfa::dist::ring_forward::o_acc", b, nq, hq, d);
+    o_part = decltype(o_part)("kfa::dist::ring_forward::o_part", b, nq, hq, d);
+    lse_acc = decltype(lse_acc)("kfa::dist::ring_forward::lse_acc", b, hq, nq);
+    lse_part = decltype(lse_part)("kfa::dist::ring_forward::lse_part", b, hq, nq);
+  });
+  detail::copy_into(space, cur->tile(map.k_length(me), 0), k, "kfa::dist::ring_forward::load_k");
+  detail::copy_into(space, cur->tile(map.k_length(me), 1), v, "kfa::dist::ring_forward::load_v");
+  Kokkos::deep_copy(space, lse_acc, -compat::infinity<Acc>());  // the empty state: merges as the identity
+  if (timed) stats->steps.assign(p, RingStepStats{});
 
   const int last = detail::last_needed_step(map, opts, p);
   for (int s = 0; s <= last; ++s) {
@@ -353,34 +607,34 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
     int blocks = 0;
     double merge_s = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
-    std::unique_ptr<detail::RingExchange<ExecSpace, typename decltype(cur)::Flat>> ex;
-    if (s < last)
-      ex.reset(new detail::RingExchange<ExecSpace, typename decltype(cur)::Flat>(
-          space, ring, cur.data, cur.count(map.k_length(owner)), nxt.data, nxt.count(map.k_length(incoming)), s));
-    const long nk = map.k_length(owner);
-    const auto kt = cur.tile(nk, 0), vt = cur.tile(nk, 1);
-    for (const Segment& qs : map.q_segments(me))
-      for (const Segment& ks : map.k_segments(owner)) {
-        kfa::detail::Positions pos;
-        if (!detail::block_visible(qs, ks, map, opts, pos)) continue;  // fully masked: skipped
-        const auto op = detail::seq_slice(o_part, qs);
-        const auto lp = detail::lse_slice(lse_part, qs);
-        kfa::detail::forward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
-                                  detail::seq_slice(vt, ks), op, lp, opts, pos);
-        const double tm0 = detail::stamp(space, timed);
-        kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs), op, lp);
-        merge_s += detail::stamp(space, timed) - tm0;
-        ++blocks;
-        if (ex) ex->poke();
-      }
+    // Every rank posts its transfer before any work that can fail, so the transfer always completes.
+    if (s < last) ex->start(cur->data, cur->count(map.k_length(owner)), nxt->data, nxt->count(map.k_length(incoming)), s);
+    const std::string err = detail::capture([&] {
+      if (ring.fault_at(s)) kfa::detail::fail("kfa::dist: fault injected at ring step ", s, " on rank ", me, " (KFA_RING_FAULT)");
+      const long nk = map.k_length(owner);
+      const auto kt = cur->tile(nk, 0), vt = cur->tile(nk, 1);
+      for (const Segment& qs : map.q_segments(me))
+        for (const Segment& ks : map.k_segments(owner)) {
+          kfa::detail::Positions pos;
+          if (!detail::block_visible(qs, ks, map, opts, pos)) continue;  // fully masked: skipped
+          const auto op = detail::seq_slice(o_part, qs);
+          const auto lp = detail::lse_slice(lse_part, qs);
+          kfa::detail::forward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
+                                    detail::seq_slice(vt, ks), op, lp, opts, pos);
+          const double tm0 = detail::stamp(space, timed);
+          kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs), op, lp);
+          merge_s += detail::stamp(space, timed) - tm0;
+          ++blocks;
+          if (s < last) ex->test();
+        }
+    });
     const double t1 = detail::stamp(space, timed);
-    if (ex) {
-      ex->wait();
-      std::swap(cur, nxt);
-    }
+    if (s < last) ex->finish();
+    detail::agree_on_step(ring, fn, s, err);
+    if (s < last) std::swap(cur, nxt);
     if (timed)
-      stats->steps[s] = {t1 - t0 - merge_s, merge_s, detail::stamp(space, true) - t1,
-                         s < last ? cur.count(map.k_length(owner)) * sizeof(T) : 0, blocks};
+      stats->steps[s] = {t1 - t0 - merge_s, merge_s, detail::stamp(space, true) - t1, s < last ? ex->bytes() : 0,
+                         blocks};
     if (timed && stats->on_step) stats->on_step(s + 1, last + 1);
   }
   detail::copy_into(space, o, o_acc, "kfa::dist::ring_forward::store_o");
@@ -411,71 +665,117 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   const long b = q.extent(0), nq = q.extent(1), hq = q.extent(2), hkv = k.extent(2), d = q.extent(3);
   const long nmax = map.k_length_max();
   const int p = ring.size(), me = ring.rank();
-
-  detail::KvBuffer<T, Mem> kv("kfa::dist::ring_backward::kv_a", b, nmax, hkv, d),
-      kv_next("kfa::dist::ring_backward::kv_b", b, nmax, hkv, d);
-  detail::KvBuffer<Acc, Mem> dkv("kfa::dist::ring_backward::dkv_a", b, nmax, hkv, d),
-      dkv_next("kfa::dist::ring_backward::dkv_b", b, nmax, hkv, d);
-  detail::copy_into(space, kv.tile(map.k_length(me), 0), k, "kfa::dist::ring_backward::load_k");
-  detail::copy_into(space, kv.tile(map.k_length(me), 1), v, "kfa::dist::ring_backward::load_v");
-  Kokkos::deep_copy(space, dkv.data, Acc(0));
-  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> dq_acc("kfa::dist::ring_backward::dq_acc", b, nq, hq, d),
-      dq_part("kfa::dist::ring_backward::dq_part", b, nq, hq, d), dk_part("kfa::dist::ring_backward::dk_part", b, nmax, hkv, d),
-      dv_part("kfa::dist::ring_backward::dv_part", b, nmax, hkv, d);
   const bool timed = stats != nullptr;
-  if (timed) stats->steps.assign(p, RingStepStats{});
+  if (timed) stats->transport = ring.transport<Mem>();
   const double t_begin = detail::stamp(space, timed);
+
+  if (p == 1) {  // the whole sequence is here: one kernel call, straight into dq, dk, dv, nothing sent
+    std::string err = detail::capture([&] {
+      if (ring.fault_at(0)) kfa::detail::fail("kfa::dist: fault injected at ring step 0 on rank ", me, " (KFA_RING_FAULT)");
+      kfa::detail::backward_impl(fn, space, q, k, v, o, d_o, lse, dq, dk, dv, opts,
+                                 kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
+      space.fence();
+    });
+    detail::agree_on_step(ring, fn, 0, err);
+    if (timed) {
+      stats->steps.assign(1, RingStepStats{detail::stamp(space, true) - t_begin, 0.0, 0.0, 0, 1});
+      stats->total_s = stats->steps[0].compute_s;
+      if (stats->on_step) stats->on_step(1, 1);
+    }
+    return;
+  }
+
+  // K/V travel one hop per step (posted at the step's start). The dK/dV accumulator of the shard visiting
+  // at step s arrives while step s computes (sent by the previous rank at the end of its step s − 1); this
+  // rank's contributions go to `loc` meanwhile and are added when it has arrived; then it moves on (or
+  // home after the last needed step) while the next step computes.
+  using Kv = detail::KvBuffer<T, Mem>;
+  using KvAcc = detail::KvBuffer<Acc, Mem>;
+  std::unique_ptr<Kv> kv, kv_next;
+  std::unique_ptr<KvAcc> loc, acc_a, acc_b;
+  std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex_kv;
+  std::unique_ptr<detail::Exchanger<ExecSpace, Acc>> ex_acc;
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> dq_acc, dq_part, dk_part, dv_part;
+  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> dd;
+  detail::agreed_allocation(ring, fn, [&] {
+    kv.reset(new Kv("kfa::dist::ring_backward::kv_a", b, nmax, hkv, d));
+    kv_next.reset(new Kv("kfa::dist::ring_backward::kv_b", b, nmax, hkv, d));
+    loc.reset(new KvAcc("kfa::dist::ring_backward::dkv_local", b, nmax, hkv, d));
+    acc_a.reset(new KvAcc("kfa::dist::ring_backward::dkv_a", b, nmax, hkv, d));
+    acc_b.reset(new KvAcc("kfa::dist::ring_backward::dkv_b", b, nmax, hkv, d));
+    ex_kv.reset(new detail::Exchanger<ExecSpace, T>(space, ring, kv->count(nmax), "kfa::dist::ring_backward::kv"));
+    ex_acc.reset(new detail::Exchanger<ExecSpace, Acc>(space, ring, loc->count(nmax), "kfa::dist::ring_backward::dkv"));
+    dq_acc = decltype(dq_acc)("kfa::dist::ring_backward::dq_acc", b, nq, hq, d);
+    dq_part = decltype(dq_part)("kfa::dist::ring_backward::dq_part", b, nq, hq, d);
+    dk_part = decltype(dk_part)("kfa::dist::ring_backward::dk_part", b, nmax, hkv, d);
+    dv_part = decltype(dv_part)("kfa::dist::ring_backward::dv_part", b, nmax, hkv, d);
+    dd = kfa::detail::backward_row_dot(space, o, d_o);  // D once for the shard, not once per block
+  });
+  detail::copy_into(space, kv->tile(map.k_length(me), 0), k, "kfa::dist::ring_backward::load_k");
+  detail::copy_into(space, kv->tile(map.k_length(me), 1), v, "kfa::dist::ring_backward::load_v");
+  if (timed) stats->steps.assign(p, RingStepStats{});
 
   const int last = detail::last_needed_step(map, opts, p);
   for (int s = 0; s <= last; ++s) {
     const double t0 = detail::stamp(space, timed);
     int blocks = 0;
     const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
-    using Ex = detail::RingExchange<ExecSpace, typename decltype(kv)::Flat>;
-    std::unique_ptr<Ex> ex;
-    if (s < last)
-      ex.reset(new Ex(space, ring, kv.data, kv.count(map.k_length(owner)), kv_next.data,
-                      kv_next.count(map.k_length(incoming)), 2 * s));
     const long nk = map.k_length(owner);
-    const auto kt = kv.tile(nk, 0), vt = kv.tile(nk, 1);      // element type T
-    const auto dkt = dkv.tile(nk, 0), dvt = dkv.tile(nk, 1);  // accumulation type
-    for (const Segment& qs : map.q_segments(me))
-      for (const Segment& ks : map.k_segments(owner)) {
-        kfa::detail::Positions pos;
-        if (!detail::block_visible(qs, ks, map, opts, pos)) continue;
-        const auto dqp = detail::seq_slice(dq_part, qs);
-        const Segment kpart{ks.global_begin, ks.length, 0};
-        const auto dkp = detail::seq_slice(dk_part, kpart), dvp = detail::seq_slice(dv_part, kpart);
-        kfa::detail::backward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
-                                   detail::seq_slice(vt, ks), detail::seq_slice(o, qs), detail::seq_slice(d_o, qs),
-                                   detail::lse_slice(lse, qs), dqp, dkp, dvp, opts, pos);
-        detail::add_into(space, detail::seq_slice(dq_acc, qs), dqp, "kfa::dist::ring_backward::add_dq");
-        detail::add_into(space, detail::seq_slice(dkt, ks), dkp, "kfa::dist::ring_backward::add_dk");
-        detail::add_into(space, detail::seq_slice(dvt, ks), dvp, "kfa::dist::ring_backward::add_dv");
-        ++blocks;
-        if (ex) ex->poke();
-      }
+    if (s < last)
+      ex_kv->start(kv->data, kv->count(nk), kv_next->data, kv_next->count(map.k_length(incoming)), 2 * s);
+    const std::string err = detail::capture([&] {
+      if (ring.fault_at(s)) kfa::detail::fail("kfa::dist: fault injected at ring step ", s, " on rank ", me, " (KFA_RING_FAULT)");
+      Kokkos::deep_copy(space, Kokkos::subview(loc->data, std::make_pair(std::size_t(0), loc->count(nk))), Acc(0));
+      const auto kt = kv->tile(nk, 0), vt = kv->tile(nk, 1);      // element type T
+      const auto dkl = loc->tile(nk, 0), dvl = loc->tile(nk, 1);  // accumulation type
+      for (const Segment& qs : map.q_segments(me))
+        for (const Segment& ks : map.k_segments(owner)) {
+          kfa::detail::Positions pos;
+          if (!detail::block_visible(qs, ks, map, opts, pos)) continue;
+          const auto dqp = detail::seq_slice(dq_part, qs);
+          const Segment kpart{ks.global_begin, ks.length, 0};
+          const auto dkp = detail::seq_slice(dk_part, kpart), dvp = detail::seq_slice(dv_part, kpart);
+          kfa::detail::backward_impl_d(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
+                                       detail::seq_slice(vt, ks), detail::seq_slice(d_o, qs),
+                                       detail::lse_slice(lse, qs), detail::lse_slice(dd, qs), dqp, dkp, dvp, opts, pos);
+          detail::add_into(space, detail::seq_slice(dq_acc, qs), dqp, "kfa::dist::ring_backward::add_dq");
+          detail::add_into(space, detail::seq_slice(dkl, ks), dkp, "kfa::dist::ring_backward::add_dk");
+          detail::add_into(space, detail::seq_slice(dvl, ks), dvp, "kfa::dist::ring_backward::add_dv");
+          ++blocks;
+          if (s < last) ex_kv->test();
+          if (s > 0) ex_acc->test();
+        }
+    });
     const double t1 = detail::stamp(space, timed);
-    // The accumulators move one hop per step with K/V; after the last needed step they go straight home
-    // (one hop when the ring went all the way round, back `last` ranks when it stopped early).
-    using ExA = detail::RingExchange<ExecSpace, typename decltype(dkv)::Flat>;
-    const bool home = s == last;
-    ExA ex_acc(space, ring, dkv.data, dkv.count(nk), dkv_next.data,
-               dkv_next.count(map.k_length(home ? me : incoming)), 2 * s + 1, home ? -last : 1);
-    ex_acc.wait();
-    std::swap(dkv, dkv_next);
-    if (ex) {
-      ex->wait();
-      std::swap(kv, kv_next);
+    if (s < last) ex_kv->finish();
+    if (s > 0) ex_acc->finish();  // the visiting shard's accumulator (in acc_b), and acc_a's send, are done
+    detail::agree_on_step(ring, fn, s, err);
+    std::size_t bytes = s < last ? ex_kv->bytes() : 0;
+    // acc_b := the visiting shard's accumulator including this rank's contributions
+    if (s == 0) {
+      Kokkos::deep_copy(space, Kokkos::subview(acc_b->data, std::make_pair(std::size_t(0), loc->count(nk))),
+                        Kokkos::subview(loc->data, std::make_pair(std::size_t(0), loc->count(nk))));
+    } else {
+      detail::add_into(space, acc_b->tile(nk, 0), loc->tile(nk, 0), "kfa::dist::ring_backward::merge_dk");
+      detail::add_into(space, acc_b->tile(nk, 1), loc->tile(nk, 1), "kfa::dist::ring_backward::merge_dv");
     }
-    if (timed)
-      stats->steps[s] = {t1 - t0, 0.0, detail::stamp(space, true) - t1,
-                         (s < last ? kv.count(nk) * sizeof(T) : 0) + dkv.count(nk) * sizeof(Acc), blocks};
+    if (s < last) {
+      // on to the next rank; the accumulator of the next visiting shard comes into acc_a
+      ex_acc->start(acc_b->data, acc_b->count(nk), acc_a->data, acc_a->count(map.k_length(incoming)), 2 * s + 1);
+      std::swap(acc_a, acc_b);  // acc_b: the one arriving; acc_a: the one leaving
+      std::swap(kv, kv_next);
+    } else {
+      // home: this rank's own accumulator comes from rank me + last into acc_a while dQ is stored
+      ex_acc->start(acc_b->data, acc_b->count(nk), acc_a->data, acc_a->count(map.k_length(me)), 2 * s + 1, -last);
+      detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
+      ex_acc->finish();
+    }
+    bytes += ex_acc->bytes();  // the accumulator sent at the end of this step (0 for a local copy)
+    if (timed) stats->steps[s] = {t1 - t0, 0.0, detail::stamp(space, true) - t1, bytes, blocks};
     if (timed && stats->on_step) stats->on_step(s + 1, last + 1);
   }
-  detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
-  detail::copy_into(space, dk, dkv.tile(map.k_length(me), 0), "kfa::dist::ring_backward::store_dk");
-  detail::copy_into(space, dv, dkv.tile(map.k_length(me), 1), "kfa::dist::ring_backward::store_dv");
+  detail::copy_into(space, dk, acc_a->tile(map.k_length(me), 0), "kfa::dist::ring_backward::store_dk");
+  detail::copy_into(space, dv, acc_a->tile(map.k_length(me), 1), "kfa::dist::ring_backward::store_dv");
   space.fence();
   if (timed) stats->total_s = detail::stamp(space, true) - t_begin;
 }
