@@ -1,14 +1,32 @@
 // kfa backward example: gradients of L = sum(O * dO) for a small causal GQA problem, checked against
 // central finite differences of the forward in double precision.
 //
-//   kfa_example_backward
+//   kfa_example_backward          (no options but --help and Kokkos' own --kokkos-*)
+#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 int main(int argc, char** argv) {
+  {  // --help prints and exits; anything but Kokkos' own --kokkos-* options is refused (exit 2)
+    CLI::App app{"kfa backward example: gradients of a small causal GQA problem checked against central finite "
+                 "differences (no options; Kokkos options: --kokkos-*)",
+                 "kfa_example_backward"};
+    std::vector<char*> mine;
+    for (int i = 0; i < argc; ++i)
+      if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
+    try {
+      app.parse(static_cast<int>(mine.size()), mine.data());
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) return app.exit(e), 0;
+      std::fprintf(stderr, "kfa_example_backward: %s\nRun with --help for the options.\n", e.what());
+      return 2;
+    }
+  }
   Kokkos::ScopeGuard guard(argc, argv);
   using Exec = Kokkos::DefaultExecutionSpace;
   using V4 = Kokkos::View<double****, Exec::memory_space>;

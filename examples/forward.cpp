@@ -4,51 +4,77 @@
 //                       [--check K] [--repeat R]
 //
 // Prints the tiles kfa chose, the time per call, GFLOP/s and the largest error of K checked rows.
+#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 namespace {
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "kfa_example_forward: %s\nusage: kfa_example_forward [--seq N] [--batch B] [--heads H] [--kv-heads G] "
-               "[--head-dim D] [--causal] [--check K] [--repeat R]\n",
-               why.c_str());
-  std::exit(2);
+// Command line (CLI11): numbers must be whole and in range, unknown options are refused (exit 2, with a
+// message naming the option and the value); Kokkos' own --kokkos-* options are left to Kokkos.
+CLI::Validator integer(long long lo, long long hi, const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long x = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) return "must be " + what + ", got '" + s + "'";
+        return std::string();
+      },
+      what);
 }
-int parse_int(int& i, int argc, char** argv) {
-  if (i + 1 >= argc) usage(std::string(argv[i]) + " needs a value");
-  char* end = nullptr;
-  const long x = std::strtol(argv[++i], &end, 10);
-  if (*end != '\0' || x < 0 || x > (1L << 30)) usage(std::string(argv[i - 1]) + " got '" + argv[i] + "'");
-  return static_cast<int>(x);
+// -1: go on; 0: --help was printed; 2: a bad argument (message on stderr).
+int parse_command_line(CLI::App& app, int argc, char** argv) {
+  for (CLI::Option* o : app.get_options())  // a repeated option: the last one wins
+    if (o->get_items_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  std::vector<char*> mine;
+  for (int i = 0; i < argc; ++i)
+    if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
+  try {
+    app.parse(static_cast<int>(mine.size()), mine.data());
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e), 0;
+    std::fprintf(stderr, "%s: %s\nRun with --help for the options.\n", app.get_name().c_str(), e.what());
+    return 2;
+  }
+  return -1;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   int seq = 4096, batch = 1, heads = 8, kv_heads = 0, d = 128, check = 16, repeat = 3;
   bool causal = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seq") seq = parse_int(i, argc, argv);
-    else if (a == "--batch") batch = parse_int(i, argc, argv);
-    else if (a == "--heads") heads = parse_int(i, argc, argv);
-    else if (a == "--kv-heads") kv_heads = parse_int(i, argc, argv);
-    else if (a == "--head-dim") d = parse_int(i, argc, argv);
-    else if (a == "--check") check = parse_int(i, argc, argv);
-    else if (a == "--repeat") repeat = std::max(1, parse_int(i, argc, argv));
-    else if (a == "--causal") causal = true;
-    else if (a == "--help" || a == "-h") usage("help");
-    else usage("unknown argument '" + a + "'");
-  }
+  const long long big = 1LL << 30;
+  const std::string positive = "a positive integer (at most " + std::to_string(big) + ")";
+  CLI::App app{"kfa forward example: exact attention over one sequence, checked against float64 rows "
+               "(Kokkos options: --kokkos-*)",
+               "kfa_example_forward"};
+  app.add_option("--seq", seq, "sequence length")->check(integer(1, big, positive))->capture_default_str();
+  app.add_option("--batch", batch, "batch")->check(integer(1, big, positive))->capture_default_str();
+  app.add_option("--heads", heads, "query heads")->check(integer(1, big, positive))->capture_default_str();
+  app.add_option("--kv-heads", kv_heads, "key/value heads, a divisor of --heads (0: --heads)")
+      ->check(integer(0, big, "an integer in [0, " + std::to_string(big) + "]"))->capture_default_str();
+  app.add_option("--head-dim", d, "head dim")->check(integer(1, 1024, "a positive integer (at most 1024)"))->capture_default_str();
+  app.add_flag("--causal", causal, "causal mask");
+  app.add_option("--check", check, "rows checked against float64 (0: none)")
+      ->check(integer(0, big, "an integer in [0, " + std::to_string(big) + "]"))->capture_default_str();
+  app.add_option("--repeat", repeat, "timed calls (the best is reported)")->check(integer(1, big, positive))->capture_default_str();
+  const int parsed = parse_command_line(app, argc, argv);
+  if (parsed >= 0) return parsed;
   if (kv_heads == 0) kv_heads = heads;
+  if (heads % kv_heads != 0) {
+    std::fprintf(stderr, "kfa_example_forward: --heads %d is not a multiple of --kv-heads %d\n", heads, kv_heads);
+    return 2;
+  }
   Kokkos::ScopeGuard guard(argc, argv);
   using Exec = Kokkos::DefaultExecutionSpace;
   using View4 = Kokkos::View<float****, Exec::memory_space>;
@@ -122,6 +148,9 @@ int main(int argc, char** argv) {
   } catch (const kfa::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     status = 2;
+  } catch (const std::exception& e) {  // an allocation beyond the memory there is, say
+    std::fprintf(stderr, "kfa_example_forward: %s\n", e.what());
+    status = 1;
   }
   return status;
 }

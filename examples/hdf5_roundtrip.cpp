@@ -2,6 +2,7 @@
 // one file (collectively, or through rank 0 with a serial HDF5), then reads a different sharding back.
 //
 //   mpirun -n P kfa_example_hdf5_roundtrip [file.h5]
+#include <CLI/CLI.hpp>
 #include <kfa/io/hdf5.hpp>
 
 #include <cstdio>
@@ -13,7 +14,27 @@ int main(int argc, char** argv) {
   int rank, p, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &p);
-  const std::string path = argc > 1 ? argv[1] : "kfa_roundtrip.h5";
+  std::string path = "kfa_roundtrip.h5";
+  {  // Every rank parses the same command line and so ends the same way; rank 0 speaks.
+    CLI::App app{"kfa HDF5 round trip: every rank writes its zigzag shard with kfa::io, then reads a contiguous "
+                 "sharding back",
+                 "kfa_example_hdf5_roundtrip"};
+    app.add_option("file", path, "the HDF5 file written, read and removed")->capture_default_str();
+    int exit_now = -1;
+    try {
+      app.parse(argc, argv);
+      if (path.empty()) throw CLI::ValidationError("file", "needs a file name (got an empty string)");
+    } catch (const CLI::ParseError& e) {
+      exit_now = e.get_exit_code() == 0 ? 0 : 2;
+      if (rank == 0 && exit_now == 0) app.exit(e);
+      if (rank == 0 && exit_now == 2)
+        std::fprintf(stderr, "kfa_example_hdf5_roundtrip: %s\nRun with --help for the options.\n", e.what());
+    }
+    if (exit_now >= 0) {
+      MPI_Finalize();
+      return exit_now;
+    }
+  }
   const long b = 2, seq = 101, h = 3, d = 8;
   auto value = [&](long bi, long i, long hi, long c) { return 1000.0 * bi + i + 0.01 * hi + 0.0001 * c; };
   try {

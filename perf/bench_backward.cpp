@@ -17,83 +17,76 @@ int main(int argc, char** argv) {
   std::vector<int> ns{512, 1024, 2048, 4096, 8192, 16384}, ds{64, 128};
   int heads = 4, reps = 3, ref_max_n = 8192, gemm_n = 2048;
   bool markdown = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "kfa_bench_backward: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--n") ns = parse_list(next());
-    else if (a == "--d") ds = parse_list(next());
-    else if (a == "--heads") heads = std::stoi(next());
-    else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--gemm-n") gemm_n = std::stoi(next());
-    else if (a == "--reference-max-n") ref_max_n = std::stoi(next());
-    else if (a == "--markdown") markdown = true;
-    else if (a.rfind("--kokkos", 0) == 0) continue;
-    else {
-      std::fprintf(stderr, "kfa_bench_backward: unknown argument '%s'\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"kfa forward+backward benchmark: kfa vs the materialized reference, with the KokkosBlas::gemm "
+               "ceiling of the same run (Kokkos options: --kokkos-*)",
+               "kfa_bench_backward"};
+  app.add_option("--n", ns, "sequence lengths, comma separated")->delimiter(',')->check(positive_int())->capture_default_str();
+  app.add_option("--d", ds, "head dims, comma separated")->delimiter(',')->check(positive_int(1024))->capture_default_str();
+  app.add_option("--heads", heads, "heads")->check(positive_int())->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions (median)")->check(positive_int())->capture_default_str();
+  app.add_option("--gemm-n", gemm_n, "size of the GEMM ceiling's square matrices")->check(positive_int(65536))->capture_default_str();
+  app.add_option("--reference-max-n", ref_max_n, "largest N timed with the reference (0: none)")
+      ->check(nonnegative_int())->capture_default_str();
+  app.add_flag("--markdown", markdown, "print a Markdown table");
+  const int parsed = parse_command_line(app, argc, argv);
+  if (parsed >= 0) return parsed;
   Kokkos::ScopeGuard guard(argc, argv);
-  track_memory(true);
-  const double ceiling = gemm_ceiling(gemm_n, reps);
-  std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
-              kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(), heads);
-  std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
-              loaded_blas().c_str());
-  std::printf("# host SIMD: %s\n", host_simd_line().c_str());
-  if (markdown)
-    std::printf("| N | d | causal | bwd tiles | kfa fwd s | kfa bwd s | bwd GFLOP/s | bwd /GEMM | fwd+bwd GFLOP/s | ref bwd s | "
-                "bwd kfa/ref | fwd+bwd kfa/ref | kfa extra MiB | ref extra MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  else
-    std::printf("%6s %4s %6s %28s %9s %9s %8s %6s %9s %9s %7s %7s %8s %8s\n", "N", "d", "causal", "bwd_tiles", "fwd_s",
-                "bwd_s", "bwd_GF/s", "/GEMM", "f+b_GF/s", "ref_bwd_s", "bwd_x", "f+b_x", "kfa_MiB", "ref_MiB");
-  for (int d : ds)
-    for (int n : ns)
-      for (bool causal : {false, true}) {
-        using V4 = Kokkos::View<float****, Mem>;
-        V4 q("bench::q", 1, n, heads, d), k("bench::k", 1, n, heads, d), v("bench::v", 1, n, heads, d),
-            o("bench::o", 1, n, heads, d), d_o("bench::do", 1, n, heads, d), dq("bench::dq", 1, n, heads, d),
-            dk("bench::dk", 1, n, heads, d), dv("bench::dv", 1, n, heads, d);
-        Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
-        Kokkos::Random_XorShift64_Pool<Exec> pool(n * 131 + d);
-        for (const V4* x : {&q, &k, &v, &d_o}) Kokkos::fill_random(*x, pool, -1.0f, 1.0f);
-        kfa::AttentionOptions opts;
-        opts.causal = causal;
-        const double fwd_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0), bwd_flops = 2.5 * fwd_flops;
-        const int r = bwd_flops > 4e11 ? 1 : reps;
-        kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up (and o, lse for the backward)
-        kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
-        reset_peak();
-        const double tf = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
-        const double tb =
-            median_seconds(r, [&] { kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
-        const double mem_k = peak_mib();
-        double trf = 0, trb = 0, mem_r = 0;
-        if (n <= ref_max_n) {
+  return report_errors("kfa_bench_backward", [&] {
+    track_memory(true);
+    const double ceiling = gemm_ceiling(gemm_n, reps);
+    std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
+                kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(), heads);
+    std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
+                loaded_blas().c_str());
+    std::printf("# host SIMD: %s\n", host_simd_line().c_str());
+    if (markdown)
+      std::printf("| N | d | causal | bwd tiles | kfa fwd s | kfa bwd s | bwd GFLOP/s | bwd /GEMM | fwd+bwd GFLOP/s | ref bwd s | "
+                  "bwd kfa/ref | fwd+bwd kfa/ref | kfa extra MiB | ref extra MiB |\n"
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    else
+      std::printf("%6s %4s %6s %28s %9s %9s %8s %6s %9s %9s %7s %7s %8s %8s\n", "N", "d", "causal", "bwd_tiles", "fwd_s",
+                  "bwd_s", "bwd_GF/s", "/GEMM", "f+b_GF/s", "ref_bwd_s", "bwd_x", "f+b_x", "kfa_MiB", "ref_MiB");
+    for (int d : ds)
+      for (int n : ns)
+        for (bool causal : {false, true}) {
+          using V4 = Kokkos::View<float****, Mem>;
+          V4 q("bench::q", 1, n, heads, d), k("bench::k", 1, n, heads, d), v("bench::v", 1, n, heads, d),
+              o("bench::o", 1, n, heads, d), d_o("bench::do", 1, n, heads, d), dq("bench::dq", 1, n, heads, d),
+              dk("bench::dk", 1, n, heads, d), dv("bench::dv", 1, n, heads, d);
+          Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
+          Kokkos::Random_XorShift64_Pool<Exec> pool(n * 131 + d);
+          for (const V4* x : {&q, &k, &v, &d_o}) Kokkos::fill_random(*x, pool, -1.0f, 1.0f);
+          kfa::AttentionOptions opts;
+          opts.causal = causal;
+          const double fwd_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0), bwd_flops = 2.5 * fwd_flops;
+          const int r = bwd_flops > 4e11 ? 1 : reps;
+          kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up (and o, lse for the backward)
+          kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
           reset_peak();
-          trf = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
-          trb = median_seconds(
-              1, [&] { kfa::reference_attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
-          mem_r = peak_mib();
+          const double tf = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
+          const double tb =
+              median_seconds(r, [&] { kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
+          const double mem_k = peak_mib();
+          double trf = 0, trb = 0, mem_r = 0;
+          if (n <= ref_max_n) {
+            reset_peak();
+            trf = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
+            trb = median_seconds(
+                1, [&] { kfa::reference_attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
+            mem_r = peak_mib();
+          }
+          const std::string tiles = kfa::to_string(kfa::backward_tile_config(Exec(), q, k, opts));
+          const double gb = bwd_flops / tb * 1e-9, gfb = (fwd_flops + bwd_flops) / (tf + tb) * 1e-9;
+          const double xb = trb > 0 ? trb / tb : 0, xfb = trb > 0 ? (trf + trb) / (tf + tb) : 0;
+          if (markdown)
+            std::printf("| %d | %d | %s | %s | %.4f | %.4f | %.1f | %.2f | %.1f | %.4f | %.2f | %.2f | %.1f | %.1f |\n", n, d,
+                        causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k, mem_r);
+          else
+            std::printf("%6d %4d %6s %28s %9.4f %9.4f %8.1f %6.2f %9.1f %9.4f %7.2f %7.2f %8.1f %8.1f\n", n, d,
+                        causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k, mem_r);
+          std::fflush(stdout);
         }
-        const std::string tiles = kfa::to_string(kfa::backward_tile_config(Exec(), q, k, opts));
-        const double gb = bwd_flops / tb * 1e-9, gfb = (fwd_flops + bwd_flops) / (tf + tb) * 1e-9;
-        const double xb = trb > 0 ? trb / tb : 0, xfb = trb > 0 ? (trf + trb) / (tf + tb) : 0;
-        if (markdown)
-          std::printf("| %d | %d | %s | %s | %.4f | %.4f | %.1f | %.2f | %.1f | %.4f | %.2f | %.2f | %.1f | %.1f |\n", n, d,
-                      causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k, mem_r);
-        else
-          std::printf("%6d %4d %6s %28s %9.4f %9.4f %8.1f %6.2f %9.1f %9.4f %7.2f %7.2f %8.1f %8.1f\n", n, d,
-                      causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k, mem_r);
-        std::fflush(stdout);
-      }
-  track_memory(false);
-  return 0;
+    track_memory(false);
+    return 0;
+  });
 }

@@ -1,12 +1,20 @@
 #pragma once
 // Helpers shared by the benchmarks: Kokkos Tools memory high-water, median timing with fences, the
-// KokkosBlas::gemm ceiling of the same backend, argument lists.
+// KokkosBlas::gemm ceiling of the same backend, argument parsing (CLI11: numbers validated, unknown options
+// refused, Kokkos' own --kokkos-* options left to Kokkos).
+#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -42,12 +50,72 @@ inline void reset_peak() {
 }
 inline double peak_mib() { return g_peak / 1048576.0; }
 
-inline std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
+// Validators that name the value they refuse (CLI11 prefixes the option): "--heads: must be a positive
+// integer (at most 1073741824), got 'abc'". The whole string must be the number.
+inline CLI::Validator integer(long long lo, long long hi, const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long x = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) return "must be " + what + ", got '" + s + "'";
+        return std::string();
+      },
+      what);
+}
+inline CLI::Validator positive_int(long long hi = 1LL << 30) {
+  return integer(1, hi, "a positive integer (at most " + std::to_string(hi) + ")");
+}
+inline CLI::Validator nonnegative_int(long long hi = 1LL << 30) {
+  return integer(0, hi, "an integer in [0, " + std::to_string(hi) + "]");
+}
+inline CLI::Validator positive_real() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(x) || x <= 0) return "must be a positive finite number, got '" + s + "'";
+        return std::string();
+      },
+      "a positive number");
+}
+
+// Parses the command line with `app`, Kokkos' own --kokkos-* options (--kokkos-threads=4, ...) left for
+// Kokkos::ScopeGuard. Returns -1 to go on, 0 after --help (printed on stdout), 2 after a bad or unknown
+// argument (the message, naming the option and the value, on stderr).
+inline int parse_command_line(CLI::App& app, int argc, char** argv) {
+  for (CLI::Option* o : app.get_options())  // a repeated single-value option: the last one wins, as before
+    if (o->get_items_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  std::vector<char*> mine;
+  for (int i = 0; i < argc; ++i)
+    if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
+  try {
+    app.parse(static_cast<int>(mine.size()), mine.data());
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {  // --help
+      app.exit(e);
+      return 0;
+    }
+    std::fprintf(stderr, "%s: %s\nRun with --help for the options.\n", app.get_name().c_str(), e.what());
+    return 2;
+  }
+  return -1;
+}
+
+// Runs `body` (after Kokkos is up), turning what it throws into a message and an exit status instead of an
+// abort: 2 for a kfa::Error (arguments kfa refuses: an unsupported head dim, ...), 1 for anything else
+// (an allocation that failed: sizes beyond the device's memory).
+template <class F>
+int report_errors(const char* program, F&& body) {
+  try {
+    return body();
+  } catch (const kfa::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
 }
 
 // Median wall time of `reps` calls, with a fence before starting and before stopping each timer.

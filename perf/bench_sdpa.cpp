@@ -124,53 +124,44 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "kfa_bench_sdpa: %s needs a value\n", s.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (s == "--out") a.out = next();
-    else if (s == "--dtypes") {
-      a.dtypes.clear();
-      std::stringstream ss(next());
-      std::string t;
-      while (std::getline(ss, t, ',')) a.dtypes.push_back(t);
-    } else if (s == "--d") a.ds = parse_list(next());
-    else if (s == "--n") a.ns = parse_list(next());
-    else if (s == "--causal") a.causals = parse_list(next());
-    else if (s == "--tokens") a.tokens = std::stoi(next());
-    else if (s == "--hidden") a.hidden = std::stoi(next());
-    else if (s == "--reps") a.reps = std::stoi(next());
-    else if (s == "--path") a.path = next();
-    else if (s == "--seed") a.seed = std::stoull(next());
-    else if (s == "--no-backward") a.backward = false;
-    else if (s.rfind("--kokkos", 0) == 0) continue;
-    else {
-      std::fprintf(stderr, "kfa_bench_sdpa: unknown argument '%s'\n", s.c_str());
-      return 2;
-    }
-  }
-  if (a.out.empty()) {
-    std::fprintf(stderr, "kfa_bench_sdpa: --out DIR is required\n");
-    return 2;
-  }
+  CLI::App app{"kfa's side of the benchmark against PyTorch SDPA (perf/sdpa_compare.py runs both; Kokkos options: "
+               "--kokkos-*)",
+               "kfa_bench_sdpa"};
+  app.add_option("--out", a.out, "directory for the sampled output rows")->required();
+  app.add_option("--dtypes", a.dtypes, "comma separated")->delimiter(',')->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--d", a.ds, "head dims, comma separated")->delimiter(',')->check(positive_int(1024))->capture_default_str();
+  app.add_option("--n", a.ns, "sequence lengths, comma separated")->delimiter(',')->check(positive_int())->capture_default_str();
+  app.add_option("--causal", a.causals, "0 and/or 1, comma separated")->delimiter(',')->check(integer(0, 1, "0 or 1"))
+      ->capture_default_str();
+  app.add_option("--tokens", a.tokens, "batch x N of every case")->check(positive_int())->capture_default_str();
+  app.add_option("--hidden", a.hidden, "heads x d of every case")->check(positive_int())->capture_default_str();
+  app.add_option("--reps", a.reps, "timed repetitions (median; fewer for slow cases, at least 3)")->check(positive_int())
+      ->capture_default_str();
+  app.add_option("--path", a.path, "tile products")->check(CLI::IsMember({"automatic", "portable", "tensor_core"}))
+      ->capture_default_str();
+  bool no_backward = false;
+  app.add_flag("--no-backward", no_backward, "forward only");
+  app.add_option("--seed", a.seed, "base seed of the counter hash")->check(integer(0, LLONG_MAX, "a non-negative integer"))
+      ->capture_default_str();
+  const int parsed = parse_command_line(app, argc, argv);
+  if (parsed >= 0) return parsed;
+  a.backward = !no_backward;
   Kokkos::ScopeGuard guard(argc, argv);
   std::printf("# kfa %s, Kokkos %s, backend %s\n", KFA_VERSION_STRING, kfa::compat::kokkos_version_string().c_str(),
               Exec::name());
-  int case_id = 0;
-  for (const std::string& t : a.dtypes) {
-    if (t == "fp32") run_dtype<float>(a, t, case_id);
+  return report_errors("kfa_bench_sdpa", [&] {
+    int case_id = 0;
+    for (const std::string& t : a.dtypes) {
+      if (t == "fp32") run_dtype<float>(a, t, case_id);
 #if KFA_HAS_BHALF
-    else if (t == "bf16") run_dtype<kfa::compat::bhalf_t>(a, t, case_id);
+      else if (t == "bf16") run_dtype<kfa::compat::bhalf_t>(a, t, case_id);
 #endif
 #if KFA_HAS_HALF
-    else if (t == "fp16") run_dtype<kfa::compat::half_t>(a, t, case_id);
+      else if (t == "fp16") run_dtype<kfa::compat::half_t>(a, t, case_id);
 #endif
-    else std::fprintf(stderr, "kfa_bench_sdpa: dtype %s not available in this build, skipped\n", t.c_str());
-  }
-  return 0;
+      else std::fprintf(stderr, "kfa_bench_sdpa: dtype %s not available in this build, skipped\n", t.c_str());
+    }
+    return 0;
+  });
 }
