@@ -247,8 +247,8 @@ int run(const Config& c, MPI_Comm comm) {
         kfa::detail::fail("kfa-longseq: dataset '", pr.first, "' of ", c.input, " has rank ", pr.second->dims.size(),
                           "; expected 4: [batch, seq, heads, head_dim]");
       if (pr.second->type == kfa::io::FileType::other)
-        kfa::detail::fail("kfa-longseq: dataset '", pr.first, "' of ", c.input,
-                          " is not float64, float32 or float16");
+        kfa::detail::fail("kfa-longseq: dataset '", pr.first, "' of ", c.input, " is ", pr.second->type_text,
+                          ", not float64, float32 or float16");
     }
     if (ki.dims != vi.dims)
       kfa::detail::fail("kfa-longseq: datasets 'k' ", kfa::detail::extents_string({size_t(ki.dims[0]), size_t(ki.dims[1]), size_t(ki.dims[2]), size_t(ki.dims[3])}),
@@ -260,6 +260,9 @@ int run(const Config& c, MPI_Comm comm) {
     s.batch = qi.dims[0], s.seq = qi.dims[1], s.heads = qi.dims[2], s.kv_heads = ki.dims[2], s.d = qi.dims[3];
     if (c.backward) {
       doi = reader->info("do");
+      if (doi.exists && doi.type == kfa::io::FileType::other)
+        kfa::detail::fail("kfa-longseq: dataset 'do' of ", c.input, " is ", doi.type_text,
+                          ", not float64, float32 or float16");
       if (doi.exists && doi.dims != qi.dims) kfa::detail::fail("kfa-longseq: dataset 'do' must have the shape of 'q'");
     }
   }

@@ -205,6 +205,91 @@ def output_safety(tmp):
     full_filesystem(d)
 
 
+def collective_metadata(tmp):
+    """Issue 15, items 4 and 8: what only rank 0 used to look at (links, types, shapes, a failed read on one
+    rank) is decided by every rank: a valid external link works at P = 2, a dangling one, a corrupted
+    gzip chunk in rank 1's rows, a group or a dangling soft link in place of a dataset, a truncated file and
+    a complex 'do' end with one clear message (exit 2) within 30 s, never a hang."""
+    d = os.path.join(tmp, "metadata")
+    os.makedirs(d)
+    rng = np.random.default_rng(11)
+    b, s, h, dd = 1, 64, 2, 16
+    q, k, v, do = (rng.standard_normal((b, s, h, dd)).astype(np.float32) for _ in range(4))
+    o_ref = reference(q, k, v, do, causal=False)[0]
+
+    def write(path, **extra):
+        with h5py.File(path, "w") as f:
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                if name not in extra:
+                    f[name] = x
+            for name, x in extra.items():
+                if x is not None:
+                    f[name] = x
+        return path
+
+    with h5py.File(os.path.join(d, "ext.h5"), "w") as f:
+        f["v"] = v
+    cases = []
+    # A valid external link: rank 0 alone followed it and waited in MPI_Comm_dup while rank 1 sat in MPI_Bcast.
+    linked = write(os.path.join(d, "linked.h5"), v=h5py.ExternalLink("ext.h5", "/v"))
+    out = os.path.join(d, "linked_out.h5")
+    rc, log = run(2, "--input", linked, "--output", out, "--check", 2, timeout=30, cwd=d)
+    ok = rc == 0 and os.path.exists(out)
+    if ok:
+        with h5py.File(out, "r") as f:
+            ok = rel(f["o"][...], o_ref) <= 1e-5
+    check(ok, f"metadata: 'v' an external link to a valid dataset, 2 ranks: exit {rc} (want 0), o correct: {ok}")
+    if rc != 0:
+        print(log)
+
+    # Dangling links, a group for 'q': the message names the dataset and the link's target, not "rank 0".
+    cases.append(("'v' a dangling external link", write(os.path.join(d, "dangling.h5"), v=h5py.ExternalLink("gone.h5", "/v")),
+                  (), ("'v'", "gone.h5", "external link")))
+    cases.append(("'q' a dangling soft link", write(os.path.join(d, "soft.h5"), q=h5py.SoftLink("/nothere")),
+                  (), ("'q'", "/nothere")))
+    grp = write(os.path.join(d, "group.h5"), q=None)
+    with h5py.File(grp, "a") as f:
+        f.create_group("q")
+    cases.append(("'q' a group", grp, (), ("'q'", "is a group")))
+
+    # A corrupted gzip chunk in rank 1's rows (contiguous layout: rows 32..63): the read fails on rank 1 only.
+    bad = os.path.join(d, "corrupt.h5")
+    with h5py.File(bad, "w") as f:
+        f["q"], f["k"] = q, k
+        f.create_dataset("v", data=v, chunks=(1, 8, h, dd), compression="gzip")
+    with h5py.File(bad, "r") as f:
+        info = [f["v"].id.get_chunk_info(i) for i in range(f["v"].id.get_num_chunks())]
+    chunk = [c for c in info if c.chunk_offset[1] == 48][0]
+    with open(bad, "r+b") as f:
+        f.seek(chunk.byte_offset)
+        f.write(b"\xff" * chunk.size)
+    cases.append(("a corrupted gzip chunk in rank 1's rows of 'v'", bad, (), ("'v'", "32..63", "reading")))
+
+    # A truncated file, an empty one, a text file: "not an HDF5 file or truncated".
+    good = write(os.path.join(d, "good.h5"))
+    data = open(good, "rb").read()
+    for what, cut in (("truncated to half", len(data) // 2), ("truncated to 100 bytes", 100), ("empty", 0)):
+        p = os.path.join(d, f"cut_{cut}.h5")
+        with open(p, "wb") as f:
+            f.write(data[:cut])
+        cases.append((f"a file {what}", p, (), ("not an HDF5 file or truncated",)))
+
+    # A complex 'do' is refused by its type, like q, k and v.
+    cplx = write(os.path.join(d, "complex_do.h5"), do=(do + 1j * do).astype(np.complex64))
+    cases.append(("a complex 'do'", cplx, ("--backward",), ("'do'", "compound", "not float64, float32 or float16")))
+    cplx_q = write(os.path.join(d, "complex_q.h5"), q=(q + 1j * q).astype(np.complex64))
+    cases.append(("a complex 'q'", cplx_q, (), ("'q'", "compound", "not float64, float32 or float16")))
+
+    for what, path, extra, frags in cases:
+        out = os.path.join(d, "out.h5")
+        rc, log = run(2, "--input", path, "--output", out, *extra, timeout=30, cwd=d)
+        said = all(f in log for f in frags)
+        check(rc == 2 and said and "rank 0" not in log and not os.path.exists(out) and not temporaries(d),
+              f"metadata: {what}, 2 ranks: exit {rc} (want 2, not a hang: 124) within 30 s, names {frags}: {said}")
+        if rc != 2 or not said:
+            print(log[-3000:])
+
+
 def full_filesystem(d):
     """A full file system (a small tmpfs, mounted when run as root): the old output and JSON stay
     byte-identical, no temporary is left, the run ends non-zero with 'no space left on device' within 60 s on
@@ -359,6 +444,7 @@ def main():
     check(rc == 2 and "/nonexistent_dir" in log and "does not exist" in log, "missing output directory")
 
     output_safety(tmp)
+    collective_metadata(tmp)
 
     # A failed or killed run never replaces a good output file, and never leaves a partial one.
     keep = os.path.join(tmp, "keep.h5")

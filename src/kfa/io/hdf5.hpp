@@ -11,7 +11,12 @@
 
 #include <kfa/io/files.hpp>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -50,6 +55,7 @@ struct DatasetInfo {
   bool exists = false;
   FileType type = FileType::other;
   std::vector<long> dims;
+  std::string type_text;  // the file's element type in words ("float32", "integer (4 bytes)", "compound ...")
 };
 
 namespace detail {
@@ -83,6 +89,42 @@ inline FileType classify(hid_t type) {
   if (H5Tget_class(type) != H5T_FLOAT) return FileType::other;
   const size_t sz = H5Tget_size(type);
   return sz == 8 ? FileType::float64 : sz == 4 ? FileType::float32 : sz == 2 ? FileType::float16 : FileType::other;
+}
+
+/// The element type in words, for messages: "float32", "integer (4 bytes)", "compound (16 bytes: a complex number?)".
+inline std::string type_text(hid_t type) {
+  const H5T_class_t c = H5Tget_class(type);
+  const size_t sz = H5Tget_size(type);
+  const FileType t = classify(type);
+  if (t != FileType::other) return to_string(t);
+  const char* name = c == H5T_INTEGER ? "integer" : c == H5T_FLOAT ? "float" : c == H5T_STRING ? "string"
+                     : c == H5T_BITFIELD ? "bitfield" : c == H5T_OPAQUE ? "opaque" : c == H5T_COMPOUND ? "compound"
+                     : c == H5T_REFERENCE ? "reference" : c == H5T_ENUM ? "enum" : c == H5T_VLEN ? "variable-length"
+                     : c == H5T_ARRAY ? "array" : "unknown";
+  std::string out = std::string(name) + " (" + std::to_string(sz) + " bytes";
+  if (c == H5T_COMPOUND && H5Tget_nmembers(type) == 2) out += ": a complex number?";
+  return out + ")";
+}
+
+/// " (an external link to FILE:/PATH)", " (a soft link to /PATH)" or "" (a hard link or no link): where a
+/// name leads, for messages about an object that cannot be opened.
+inline std::string link_text(hid_t file, const std::string& name) {
+#if H5_VERSION_GE(1, 12, 0)
+  H5L_info2_t li;
+  if (H5Lget_info2(file, name.c_str(), &li, H5P_DEFAULT) < 0) return "";
+#else
+  H5L_info_t li;
+  if (H5Lget_info(file, name.c_str(), &li, H5P_DEFAULT) < 0) return "";
+#endif
+  if (li.type != H5L_TYPE_EXTERNAL && li.type != H5L_TYPE_SOFT) return "";
+  std::vector<char> buf(li.u.val_size + 1, 0);
+  if (H5Lget_val(file, name.c_str(), buf.data(), buf.size(), H5P_DEFAULT) < 0) return "";
+  if (li.type == H5L_TYPE_SOFT) return " (a soft link to " + std::string(buf.data()) + ")";
+  unsigned flags = 0;
+  const char *target_file = nullptr, *target_path = nullptr;
+  if (H5Lunpack_elink_val(buf.data(), li.u.val_size, &flags, &target_file, &target_path) < 0) return " (an external link)";
+  return " (an external link to " + std::string(target_file ? target_file : "?") + ":" +
+         std::string(target_path ? target_path : "?") + ")";
 }
 
 /// Selects the union of `segs` along dimension `seq_dim` of a dataspace with `dims`.
@@ -155,7 +197,9 @@ inline std::string hdf5_error_text() {
 }
 }  // namespace detail
 
-/// An HDF5 file opened for reading by every rank (parallel) or by rank 0 (serial). Collective.
+/// An HDF5 file opened for reading by every rank (parallel) or by rank 0 (serial). Every failure, also of a
+/// metadata operation only rank 0 performs, is a collective decision: every rank throws the same kfa::Error
+/// and none is left waiting in a collective call. Collective.
 class Reader {
  public:
   Reader(const std::string& path, MPI_Comm comm) : m_comm(comm), m_path(path) {
@@ -164,39 +208,55 @@ class Reader {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our messages, not HDF5's error stacks
     std::string err;
     if (parallel_hdf5() || m_rank == 0) {
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0)
+        err = "kfa::io: --input " + path + ": " + std::strerror(errno);
+      else if (H5Fis_hdf5(path.c_str()) <= 0)
+        err = "kfa::io: --input " + path + ": not an HDF5 file or truncated (" + std::to_string(st.st_size) +
+              " bytes; no HDF5 signature found)";
+    }
+    detail::agree(comm, err);  // every rank knows before the collective H5Fopen
+    if (parallel_hdf5() || m_rank == 0) {
       detail::Handle fapl = detail::file_access(comm);
-      if (H5Fis_hdf5(path.c_str()) <= 0)
-        err = "kfa::io: --input " + path + ": no such file or not an HDF5 file";
-      else
-        m_file = detail::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
-      if (err.empty() && m_file.id < 0) err = "kfa::io: --input " + path + ": cannot be opened";
+      m_file = detail::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
+      if (m_file.id < 0)
+        err = "kfa::io: --input " + path + ": cannot be opened: not an HDF5 file or truncated (" +
+              detail::hdf5_error_text() + ")";
     }
     detail::agree(comm, err);
   }
-  /// Shape and type of dataset `name` (rank 0 looks, everyone learns). Collective.
+  /// Shape and type of dataset `name`; `exists` false when there is no such name. A name that is not a
+  /// dataset (a group, say) or a link that cannot be followed (a dangling soft or external link) throws,
+  /// naming the dataset and the link's target. With a parallel HDF5 every rank opens the dataset (opening
+  /// is collective there: following an external link opens its file with the same MPI-IO access list);
+  /// with a serial one rank 0 does. Every rank learns the outcome. Collective.
   DatasetInfo info(const std::string& name) {
-    long buf[8] = {0};  // exists, type, rank, dims...
-    if (m_rank == 0) {
-      if (H5Lexists(m_file, name.c_str(), H5P_DEFAULT) > 0) {
-        detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
-        detail::Handle type(H5Dget_type(ds), H5Tclose);
-        detail::Handle space(H5Dget_space(ds), H5Sclose);
-        const int nd = H5Sget_simple_extent_ndims(space);
-        hsize_t dims[8];
-        H5Sget_simple_extent_dims(space, dims, nullptr);
-        buf[0] = 1, buf[1] = static_cast<long>(detail::classify(type)), buf[2] = nd;
-        for (int i = 0; i < nd && i < 5; ++i) buf[3 + i] = static_cast<long>(dims[i]);
-      }
-    }
-    MPI_Bcast(buf, 8, MPI_LONG, 0, m_comm);
     DatasetInfo d;
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) err = look(name, d);
+    detail::agree(m_comm, err);
+    // rank 0's answer for every rank (the same in parallel mode; the only one in serial mode)
+    long buf[4 + 32] = {0};  // exists, type, rank, text length, dims
+    std::string text = d.type_text;
+    if (m_rank == 0) {
+      buf[0] = d.exists, buf[1] = static_cast<long>(d.type), buf[2] = static_cast<long>(d.dims.size());
+      buf[3] = static_cast<long>(text.size());
+      for (size_t i = 0; i < d.dims.size() && i < 32; ++i) buf[4 + i] = d.dims[i];
+    }
+    MPI_Bcast(buf, 36, MPI_LONG, 0, m_comm);
+    text.resize(static_cast<size_t>(buf[3]));
+    if (buf[3] > 0) MPI_Bcast(&text[0], static_cast<int>(buf[3]), MPI_CHAR, 0, m_comm);
+    d = DatasetInfo();
     d.exists = buf[0] == 1;
     d.type = static_cast<FileType>(buf[1]);
-    for (long i = 0; i < std::min<long>(buf[2], 5); ++i) d.dims.push_back(buf[3 + i]);
+    d.type_text = text;
+    for (long i = 0; i < buf[2] && i < 32; ++i) d.dims.push_back(buf[4 + i]);
     return d;
   }
   /// Reads the rows `segs` (along dimension 1 of a [B, S, H, D] dataset) into `out` [B, n_local, H, D]
-  /// (host, row-major), converting from the file's float type to float or double. Collective.
+  /// (host, row-major), converting from the file's float type to float or double. A read that fails on any
+  /// rank (a corrupted compressed chunk in its rows, say) throws the same kfa::Error on every rank.
+  /// Collective.
   template <class T>
   void read_rows(const std::string& name, const DatasetInfo& info, const std::vector<kfa::dist::Segment>& segs,
                  std::vector<T>& out) {
@@ -206,8 +266,11 @@ class Reader {
     for (const auto& s : segs) n += s.length;
     const long row = info.dims[2] * info.dims[3];
     out.assign(static_cast<size_t>(info.dims[0] * n * row), T(0));
+    std::string err;
 #ifdef KFA_IO_PARALLEL
-    detail::Handle ds(detail::check(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), "H5Dopen2 " + name), H5Dclose);
+    detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (ds.id < 0) err = read_failure(name, "opening", segs);
+    detail::agree(m_comm, err);
     detail::Handle fspace(H5Dget_space(ds), H5Sclose);
     detail::select_rows(fspace, info.dims, 1, segs);
     const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(n),
@@ -215,36 +278,86 @@ class Reader {
     detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
     if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
     detail::Handle dxpl = detail::transfer();
-    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out.data()) < 0)
-      kfa::detail::fail("kfa::io: reading dataset '", name, "' of ", m_path, " failed");
+    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out.data()) < 0) err = read_failure(name, "reading", segs);
+    detail::agree(m_comm, err);
 #else
-    // Rank 0 reads every rank's rows and sends them; the others receive theirs.
+    // Rank 0 reads every rank's rows and sends them (zeros after a failure, so no rank is left waiting);
+    // the others receive theirs; then all agree.
     const int tag = 77;
     gather_segments(segs);  // collective: rank 0 learns every rank's rows
     if (m_rank == 0) {
-      detail::Handle ds(detail::check(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), "H5Dopen2 " + name), H5Dclose);
+      detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+      if (ds.id < 0) err = read_failure(name, "opening", segs);
       for (int r = m_size - 1; r >= 0; --r) {
         std::vector<kfa::dist::Segment> rs(m_segs_of(r, segs));
         long nr = 0;
         for (const auto& s : rs) nr += s.length;
-        std::vector<T> buf(static_cast<size_t>(info.dims[0] * nr * row));
-        detail::Handle fspace(H5Dget_space(ds), H5Sclose);
-        detail::select_rows(fspace, info.dims, 1, rs);
-        const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(nr),
-                                  static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
-        detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
-        if (nr > 0 && H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
-          kfa::detail::fail("kfa::io: reading dataset '", name, "' of ", m_path, " failed");
+        std::vector<T> buf(static_cast<size_t>(info.dims[0] * nr * row), T(0));
+        if (err.empty() && nr > 0) {
+          detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+          detail::select_rows(fspace, info.dims, 1, rs);
+          const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(nr),
+                                    static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
+          detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
+          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0) err = read_failure(name, "reading", rs);
+        }
         if (r == 0) out.swap(buf);
         else MPI_Send(buf.data(), static_cast<int>(buf.size() * sizeof(T)), MPI_BYTE, r, tag, m_comm);
       }
     } else {
       MPI_Recv(out.data(), static_cast<int>(out.size() * sizeof(T)), MPI_BYTE, 0, tag, m_comm, MPI_STATUS_IGNORE);
     }
+    detail::agree(m_comm, err);
 #endif
   }
 
  private:
+  // What `name` is (this rank's view): "" with `d` filled in (d.exists false when there is no such name), or
+  // why it cannot be used.
+  std::string look(const std::string& name, DatasetInfo& d) const {
+    const std::string where = "kfa::io: --input " + m_path + ": ";
+    const htri_t ex = H5Lexists(m_file, name.c_str(), H5P_DEFAULT);
+    if (ex < 0) return where + "cannot look up '" + name + "' (" + detail::hdf5_error_text() + ")";
+    if (ex == 0) return "";
+    const std::string link = detail::link_text(m_file, name);
+    detail::Handle obj(H5Oopen(m_file, name.c_str(), H5P_DEFAULT), H5Oclose);
+    if (obj.id < 0)
+      return where + "dataset '" + name + "'" + link +
+             (link.empty() ? " cannot be opened (" : " cannot be opened: its target is missing or unreadable (") +
+             detail::hdf5_error_text() + ")";
+    const H5I_type_t kind = H5Iget_type(obj);
+    if (kind != H5I_DATASET)
+      return where + "'" + name + "'" + link + " is " +
+             (kind == H5I_GROUP ? "a group" : kind == H5I_DATATYPE ? "a named datatype" : "not a dataset") +
+             ", not a dataset";
+    detail::Handle type(H5Dget_type(obj), H5Tclose);
+    detail::Handle space(H5Dget_space(obj), H5Sclose);
+    const int nd = space.id < 0 ? -1 : H5Sget_simple_extent_ndims(space);
+    if (type.id < 0 || nd < 0)
+      return where + "dataset '" + name + "'" + link + ": cannot read its type or shape (" + detail::hdf5_error_text() + ")";
+    if (nd > 32) return where + "dataset '" + name + "' has rank " + std::to_string(nd) + "; expected 4";
+    std::vector<hsize_t> dims(static_cast<size_t>(nd));
+    if (nd > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    d.exists = true;
+    d.type = detail::classify(type);
+    d.type_text = detail::type_text(type);
+    for (hsize_t x : dims) {
+      if (x > static_cast<hsize_t>(LONG_MAX))
+        return where + "dataset '" + name + "' declares an extent of " + std::to_string(x) + ", beyond 64-bit sizes";
+      d.dims.push_back(static_cast<long>(x));
+    }
+    return "";
+  }
+  // A failed open or read of `name` for the rows `segs`, with HDF5's innermost reason (a filter that failed:
+  // a corrupted compressed chunk, say). Call right after the failing HDF5 call.
+  std::string read_failure(const std::string& name, const char* what, const std::vector<kfa::dist::Segment>& segs) const {
+    std::string rows;
+    for (const auto& s : segs)
+      if (s.length > 0)
+        rows += (rows.empty() ? "" : ", ") + std::to_string(s.global_begin) + ".." + std::to_string(s.global_begin + s.length - 1);
+    return "kfa::io: --input " + m_path + ": " + what + " dataset '" + name + "' failed" +
+           (rows.empty() ? "" : " (sequence rows " + rows + ")") + ": " + detail::hdf5_error_text();
+  }
   // Serial mode: every rank's segments (at most two), gathered so rank 0 can read for them. Collective.
   void gather_segments(const std::vector<kfa::dist::Segment>& mine) {
     long local[4] = {0, 0, 0, 0};
