@@ -3,7 +3,10 @@
 //
 //   mpirun -n P kfa_bench_ring [--tokens-per-rank n | --seq N] [--heads H] [--kv-heads G] [--head-dim d]
 //                              [--layout contiguous|zigzag] [--causal] [--backward] [--reps R] [--steps]
+//                              [--dtype float32|float16|bfloat16|float64] [--max-message-bytes B]
 //
+// Also times attention_forward (+ attention_backward) of one rank's shard as one local call in the same
+// run ("single"): at P = 1 the ring should match it.
 // Hidden fraction per step = 1 − wait / (time of the same exchange with no compute, measured here); times
 // are the maximum over ranks. GFLOP/s counts the whole sequence's attention (4·H·N²·d, halved for
 // causal; ×3.5 with --backward for forward+backward) over the slowest rank's time.
@@ -25,60 +28,40 @@ double max_over_ranks(double x, MPI_Comm c) {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank, p;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  long per_rank = 2048, seq = 0;
-  int heads = 4, kv_heads = 0, d = 64, reps = 3;
-  bool causal = false, backward = false, steps = false;
-  kfa::dist::Layout layout = kfa::dist::Layout::contiguous;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: %s needs a value\n", a.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 2);
-      }
-      return argv[++i];
-    };
-    if (a == "--tokens-per-rank") per_rank = std::stol(next());
-    else if (a == "--seq") seq = std::stol(next());
-    else if (a == "--heads") heads = std::stoi(next());
-    else if (a == "--kv-heads") kv_heads = std::stoi(next());
-    else if (a == "--head-dim") d = std::stoi(next());
-    else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--causal") causal = true;
-    else if (a == "--backward") backward = true;
-    else if (a == "--steps") steps = true;
-    else if (a == "--layout") {
-      const std::string l = next();
-      if (l != "contiguous" && l != "zigzag") {
-        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --layout must be contiguous or zigzag, got '%s'\n", l.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 2);
-      }
-      layout = l == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
-    } else if (a.rfind("--kokkos", 0) == 0) continue;
-    else {
-      if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: unknown argument '%s'\n", a.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-  }
-  if (kv_heads == 0) kv_heads = heads;
+struct Args {
+  long per_rank, seq;
+  int heads, kv_heads, d, reps;
+  bool causal, backward, steps;
+  kfa::dist::Layout layout;
+  std::size_t max_msg;
+};
+
+template <class T>
+void run(const Args& args, int rank, int p) {
+  const long per_rank = args.per_rank, seq = args.seq;
+  const int heads = args.heads, kv_heads = args.kv_heads, d = args.d, reps = args.reps;
+  const bool causal = args.causal, backward = args.backward, steps = args.steps;
+  const kfa::dist::Layout layout = args.layout;
+  const std::size_t max_msg = args.max_msg;
   const long n_total = seq > 0 ? seq : per_rank * p;
   {
-    Kokkos::ScopeGuard guard(argc, argv);
     kfa::dist::Ring ring(MPI_COMM_WORLD, layout);
+    if (max_msg) ring.set_max_message_bytes(max_msg);
     long n = 0;
     for (const auto& s : kfa::dist::shard_of(layout, n_total, p, rank)) n += s.length;
-    using V4 = Kokkos::View<float****, Mem>;
+    using V4 = Kokkos::View<T****, Mem>;
     V4 q("bench::q", 1, n, heads, d), k("bench::k", 1, n, kv_heads, d), v("bench::v", 1, n, kv_heads, d),
         o("bench::o", 1, n, heads, d), d_o("bench::do", 1, n, heads, d), dq("bench::dq", 1, n, heads, d),
         dk("bench::dk", 1, n, kv_heads, d), dv("bench::dv", 1, n, kv_heads, d);
-    Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
+    Kokkos::View<kfa::accumulator_t<T>***, Mem> lse("bench::lse", 1, heads, n);
     Kokkos::Random_XorShift64_Pool<Exec> pool(1234 + rank);
-    for (const V4* x : {&q, &k, &v, &d_o}) Kokkos::fill_random(*x, pool, -1.0f, 1.0f);
+    for (const V4* x : {&q, &k, &v, &d_o}) {
+      Kokkos::View<float****, Mem> tmp("bench::tmp", x->extent(0), x->extent(1), x->extent(2), x->extent(3));
+      Kokkos::fill_random(tmp, pool, -1.0f, 1.0f);
+      const V4 dst = *x;
+      Kokkos::parallel_for("bench::convert", Kokkos::RangePolicy<Exec>(0, tmp.size()),
+                           KOKKOS_LAMBDA(const long i) { dst.data()[i] = static_cast<T>(tmp.data()[i]); });
+    }
     kfa::AttentionOptions opts;
     opts.causal = causal;
 
@@ -87,15 +70,9 @@ int main(int argc, char** argv) {
     if (p > 1) {
       long nmax = n;  // one message size on every rank (shards may differ by a token)
       MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
-      Kokkos::View<float*, Mem> a("bench::xa", 2 * nmax * kv_heads * d), b("bench::xb", 2 * nmax * kv_heads * d);
       std::vector<double> ts;
-      for (int r = 0; r < reps + 1; ++r) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = MPI_Wtime();
-        kfa::dist::detail::RingExchange<Exec, decltype(a)> ex(Exec(), ring, a, a.size(), b, b.size(), 99);
-        ex.wait();
-        ts.push_back(max_over_ranks(MPI_Wtime() - t0, MPI_COMM_WORLD));
-      }
+      for (int r = 0; r < reps + 1; ++r)
+        ts.push_back(kfa::dist::time_ring_exchange<T>(Exec(), ring, std::size_t(2 * nmax * kv_heads * d)));
       std::sort(ts.begin() + 1, ts.end());
       t_comm = ts[1 + reps / 2];
     }
@@ -124,7 +101,22 @@ int main(int argc, char** argv) {
         ++hidden_n;
       }
     }
+    // The same rank's shard as one local call (no ring): the kernel's own speed on this much work.
+    double best_single = 1e300;
+    for (int r = 0; r < reps + 1; ++r) {
+      Exec().fence();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+      if (backward) kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
+      Exec().fence();
+      const double t = max_over_ranks(MPI_Wtime() - t0, MPI_COMM_WORLD);
+      if (r > 0) best_single = std::min(best_single, t);
+    }
+    const double single_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
     if (rank == 0) {
+      std::printf("kfa_bench_ring %s transport: %s; single (one local call on one shard, %ld tokens): %.4f s, %.1f GFLOP/s\n",
+                  kfa::dtype_name<T>().c_str(), best.transport.c_str(), n, best_single, single_flops / best_single * 1e-9);
       std::printf("kfa_bench_ring P=%d N=%ld tokens/rank=%ld heads=%d/%d d=%d layout=%s causal=%d %s: time %.4f s, "
                   "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, exchange alone %.4f s, "
                   "hidden %.2f\n",
@@ -136,6 +128,66 @@ int main(int argc, char** argv) {
           std::printf("  step %d: compute %.4f s, wait %.4f s, %zu bytes sent by rank 0, %d blocks\n", s, sc[s], sw[s],
                       best.steps[s].bytes, best.steps[s].blocks);
     }
+  }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, p;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  long per_rank = 2048, seq = 0;
+  int heads = 4, kv_heads = 0, d = 64, reps = 3;
+  bool causal = false, backward = false, steps = false;
+  std::string dtype = "float32";
+  std::size_t max_msg = 0;
+  kfa::dist::Layout layout = kfa::dist::Layout::contiguous;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: %s needs a value\n", a.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      return argv[++i];
+    };
+    if (a == "--tokens-per-rank") per_rank = std::stol(next());
+    else if (a == "--seq") seq = std::stol(next());
+    else if (a == "--heads") heads = std::stoi(next());
+    else if (a == "--kv-heads") kv_heads = std::stoi(next());
+    else if (a == "--head-dim") d = std::stoi(next());
+    else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--causal") causal = true;
+    else if (a == "--backward") backward = true;
+    else if (a == "--steps") steps = true;
+    else if (a == "--dtype") dtype = next();
+    else if (a == "--max-message-bytes") max_msg = std::stoul(next());
+    else if (a == "--layout") {
+      const std::string l = next();
+      if (l != "contiguous" && l != "zigzag") {
+        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --layout must be contiguous or zigzag, got '%s'\n", l.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      layout = l == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
+    } else if (a.rfind("--kokkos", 0) == 0) continue;
+    else {
+      if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: unknown argument '%s'\n", a.c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  if (kv_heads == 0) kv_heads = heads;
+  {
+    Kokkos::ScopeGuard guard(argc, argv);
+    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg};
+    if (dtype == "float32") run<float>(a, rank, p);
+    else if (dtype == "float64") run<double>(a, rank, p);
+#if KFA_HAS_HALF
+    else if (dtype == "float16") run<kfa::compat::half_t>(a, rank, p);
+#endif
+#if KFA_HAS_BHALF
+    else if (dtype == "bfloat16") run<kfa::compat::bhalf_t>(a, rank, p);
+#endif
+    else if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --dtype %s is not available in this build\n", dtype.c_str());
   }
   MPI_Finalize();
   return 0;

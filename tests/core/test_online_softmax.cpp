@@ -153,15 +153,18 @@ void check_fast_exp_vec() {
   while (xs.size() % W) xs.push_back(T(-1));
   for (std::size_t i = 0; i < xs.size(); i += W) {
     T out[W];
-    L::store(out, kfa::detail::fast_exp_vec(L::load(xs.data() + i)));
-    for (int x = 0; x < W; ++x) {
-      const T want = kfa::detail::fast_exp(xs[i + x]);
+    typename L::type x;
+    L::load(x, xs.data() + i);
+    kfa::detail::fast_exp_vec(x);
+    L::store(out, x);
+    for (int l = 0; l < W; ++l) {
+      const T want = kfa::detail::fast_exp(xs[i + l]);
       if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(out[x])) << "x = " << xs[i + x];
+        EXPECT_TRUE(std::isnan(out[l])) << "x = " << xs[i + l];
       } else {
         const double tol = 4 * std::numeric_limits<T>::epsilon() * std::abs(double(want));
-        EXPECT_LE(std::abs(double(out[x]) - double(want)), tol) << "x = " << xs[i + x];
-        if (want == T(0)) EXPECT_EQ(out[x], T(0)) << "x = " << xs[i + x];
+        EXPECT_LE(std::abs(double(out[l]) - double(want)), tol) << "x = " << xs[i + l];
+        if (want == T(0)) EXPECT_EQ(out[l], T(0)) << "x = " << xs[i + l];
       }
     }
   }

@@ -87,15 +87,18 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
 }
 
 
-#if KFA_HOST_VECTOR_EXT && !defined(__CUDACC__)
-#define KFA_HOST_LANES 1
-// Vector arguments and returns below are only ever inlined into functions of the matching ISA.
+#if defined(__GNUC__) && !defined(__CUDACC__)
+// Vector arguments and returns below are only ever inlined into functions of the matching ISA (the
+// standalone instances GCC warns about when it compiles them for the baseline are never called).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+#if KFA_HOST_VECTOR_EXT && !defined(__CUDACC__)
+#define KFA_HOST_LANES 1
 /// fast_exp on a GCC/Clang vector of float or double (any width): the same arithmetic as the scalar form,
 /// with the selects as vector operations.
 template <class V>
-__attribute__((always_inline)) inline V fast_exp_vec(V x) {
+__attribute__((always_inline)) inline void fast_exp_vec(V& x) {
   using E = std::remove_cv_t<std::remove_reference_t<decltype(x[0])>>;
   constexpr bool f32 = sizeof(E) == 4;
   using UE = std::conditional_t<f32, std::uint32_t, std::uint64_t>;
@@ -143,7 +146,7 @@ __attribute__((always_inline)) inline V fast_exp_vec(V x) {
     bits = ((U)t - (U)magic + 1023u) << 52;
   }
   const V y = p * (V)bits;
-  return x < lo ? zero : y;
+  x = x < lo ? zero : y;
 }
 
 /// VB-byte vectors of Acc, loaded and stored without alignment assumptions.
@@ -152,10 +155,11 @@ struct LaneVec {
   typedef Acc type __attribute__((vector_size(VB)));
   typedef Acc unaligned __attribute__((vector_size(VB), aligned(alignof(Acc)), __may_alias__));
   static constexpr int width = VB / static_cast<int>(sizeof(Acc));
-  __attribute__((always_inline)) static type load(const Acc* p) { return *reinterpret_cast<const unaligned*>(p); }
-  __attribute__((always_inline)) static void store(Acc* p, type v) { *reinterpret_cast<unaligned*>(p) = v; }
+  // By reference, not by value: vector arguments and returns wider than the baseline's registers draw
+  // GCC's -Wpsabi notes for the instances it compiles for the baseline (never called: always inlined).
+  __attribute__((always_inline)) static void load(type& out, const Acc* p) { out = *reinterpret_cast<const unaligned*>(p); }
+  __attribute__((always_inline)) static void store(Acc* p, const type& v) { *reinterpret_cast<unaligned*>(p) = v; }
 };
-#pragma GCC diagnostic pop
 #else
 #define KFA_HOST_LANES 0
 #endif
@@ -182,10 +186,11 @@ KOKKOS_FORCEINLINE_FUNCTION void lanes_max(Tag, const Acc* s, int ld, int n, Acc
     using L = LaneVec<VB, Acc>;
     constexpr int NV = W / L::width;
     typename L::type m[NV];
-    for (int u = 0; u < NV; ++u) m[u] = L::load(tmax + u * L::width);
+    for (int u = 0; u < NV; ++u) L::load(m[u], tmax + u * L::width);
     for (int j = 0; j < n; ++j)
       for (int u = 0; u < NV; ++u) {
-        const typename L::type v = L::load(s + static_cast<long>(j) * ld + u * L::width);
+        typename L::type v;
+        L::load(v, s + static_cast<long>(j) * ld + u * L::width);
         m[u] = v > m[u] ? v : m[u];
       }
     for (int u = 0; u < NV; ++u) L::store(tmax + u * L::width, m[u]);
@@ -205,11 +210,14 @@ KOKKOS_FORCEINLINE_FUNCTION void lanes_exp_sum(Tag, Acc* s, int ld, int n, const
     using L = LaneVec<VB, Acc>;
     constexpr int NV = W / L::width;
     typename L::type mv[NV], acc[NV];
-    for (int u = 0; u < NV; ++u) mv[u] = L::load(m + u * L::width), acc[u] = L::load(sum + u * L::width);
+    for (int u = 0; u < NV; ++u) L::load(mv[u], m + u * L::width), L::load(acc[u], sum + u * L::width);
     for (int j = 0; j < n; ++j)
       for (int u = 0; u < NV; ++u) {
         Acc* const p = s + static_cast<long>(j) * ld + u * L::width;
-        const typename L::type e = fast_exp_vec(L::load(p) - mv[u]);
+        typename L::type e;
+        L::load(e, p);
+        e -= mv[u];
+        fast_exp_vec(e);
         L::store(p, e);
         acc[u] += e;
       }
@@ -235,13 +243,18 @@ KOKKOS_FORCEINLINE_FUNCTION void lanes_p_ds(Tag, Acc* s, Acc* ds, int ld, int n,
     using L = LaneVec<VB, Acc>;
     constexpr int NV = W / L::width;
     typename L::type lv[NV], dv[NV];
-    for (int u = 0; u < NV; ++u) lv[u] = L::load(lse + u * L::width), dv[u] = L::load(dd + u * L::width);
+    for (int u = 0; u < NV; ++u) L::load(lv[u], lse + u * L::width), L::load(dv[u], dd + u * L::width);
     for (int j = 0; j < n; ++j)
       for (int u = 0; u < NV; ++u) {
         const long o = static_cast<long>(j) * ld + u * L::width;
-        const typename L::type p = fast_exp_vec(L::load(s + o) - lv[u]);
+        typename L::type p, dp;
+        L::load(p, s + o);
+        p -= lv[u];
+        fast_exp_vec(p);
         L::store(s + o, p);
-        L::store(ds + o, p * (L::load(ds + o) - dv[u]));
+        L::load(dp, ds + o);
+        dp = p * (dp - dv[u]);
+        L::store(ds + o, dp);
       }
     return;
   }
@@ -253,6 +266,10 @@ KOKKOS_FORCEINLINE_FUNCTION void lanes_p_ds(Tag, Acc* s, Acc* ds, int ld, int n,
       ds[j * ld + x] = p * (ds[j * ld + x] - dd[x]);
     }
 }
+
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace detail
 }  // namespace kfa
