@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
+#include <iomanip>
 #include <random>
 #include <sstream>
 #include <string>
@@ -207,6 +209,93 @@ CheckResult self_check(const Config& c, const Shards& s, const std::vector<doubl
   return res;
 }
 
+// ---- memory: what a rank will allocate, before it allocates --------------------------------------------
+// A byte count with overflow kept: a product or sum beyond 64 bits saturates and is remembered.
+struct Bytes {
+  unsigned long long v = 0;
+  bool overflow = false;
+  Bytes& add(std::initializer_list<unsigned long long> factors) {
+    unsigned long long x = 1;
+    for (unsigned long long f : factors) overflow |= __builtin_mul_overflow(x, f, &x);
+    overflow |= __builtin_add_overflow(v, x, &v);
+    return *this;
+  }
+};
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown (not Linux).
+unsigned long long mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, rest;
+  unsigned long long kib = 0;
+  while (f >> key >> kib) {
+    std::getline(f, rest);
+    if (key == "MemAvailable:") return kib * 1024ULL;
+  }
+  return 0;
+}
+
+std::string shape_text(const Shards& s) {
+  return "[batch " + std::to_string(s.batch) + ", seq " + std::to_string(s.seq) + ", heads " + std::to_string(s.heads) +
+         "/" + std::to_string(s.kv_heads) + ", head_dim " + std::to_string(s.d) + "]";
+}
+
+// Why this run cannot fit, or "": the bytes each rank will hold at once (inputs in float64 on the host, the
+// compute-dtype tensors, ring buffers, the results copied back, the check's rows), summed over the ranks
+// that share a node and compared with the node's MemAvailable; element counts that overflow 64-bit
+// arithmetic are refused outright. A lower bound: Kokkos, MPI and HDF5 add their own. Device memory (a GPU
+// backend) is not measured here: there the device tensors are left out of the host sum. Collective.
+template <class T>
+std::string memory_problem(const Config& c, const Shards& s, int p, MPI_Comm comm) {
+  using Acc = kfa::accumulator_t<T>;
+  using Mem = Kokkos::DefaultExecutionSpace::memory_space;
+  constexpr bool device_on_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  using U = unsigned long long;
+  Bytes global;  // the whole tensor q: a count that must exist in 64 bits (and as HDF5 sizes)
+  global.add({U(s.batch), U(s.seq), U(s.heads), U(s.d), 8});
+  global.add({U(s.batch), U(s.seq), U(s.kv_heads), U(s.d), 8});
+  if (global.overflow)
+    return "kfa-longseq: " + shape_text(s) + ": the element count overflows 64-bit arithmetic; nothing was allocated";
+  long nmax = s.n;
+  MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, comm);
+  const U tok = U(s.batch) * U(s.n), tokmax = U(s.batch) * U(nmax), hq = U(s.heads) * U(s.d), hkv = U(s.kv_heads) * U(s.d);
+  Bytes b;
+  b.add({tok, hq + 2 * hkv + (c.backward ? hq : 0), 8});  // q, k, v (and do) read or generated, as float64
+  if (device_on_host) {
+    b.add({tok, 2 * hq + 2 * hkv, sizeof(T)});  // q, k, v, o
+    b.add({U(s.batch), U(s.heads), U(s.n), sizeof(Acc)});  // lse
+    b.add({tokmax, hkv, 4 * sizeof(T)});  // the ring's K/V buffers in flight (and the exchange timing's)
+    if (c.backward) b.add({tok, 2 * hq + 2 * hkv, sizeof(T)}).add({tokmax, hkv, 4 * sizeof(Acc)});  // do, dq, dk, dv
+  }
+  b.add({tok, hq, 8}).add({U(s.batch), U(s.heads), U(s.n), 8});  // o and lse copied back as float64
+  b.add({tok, hq, sizeof(double)});  // one output dataset in its stored type while it is written
+  Bytes chk;
+  if (c.check > 0) chk.add({tokmax, 2 * hkv, 8}).add({U(c.check), 8 * U(s.d) + 96});  // travelling K/V rows, rows
+  b.add({chk.v, 1});
+  b.overflow |= chk.overflow;
+  // Ranks sharing this node share its memory.
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int on_node = 1;
+  MPI_Comm_size(node, &on_node);
+  double need_node = b.overflow ? 1e300 : static_cast<double>(b.v);
+  MPI_Allreduce(MPI_IN_PLACE, &need_node, 1, MPI_DOUBLE, MPI_SUM, node);
+  MPI_Comm_free(&node);
+  const U avail = mem_available();
+  if (!b.overflow && (avail == 0 || need_node <= static_cast<double>(avail))) return "";
+  std::ostringstream m;
+  m << "kfa-longseq: " << shape_text(s) << " " << c.dtype << (c.backward ? " forward+backward" : " forward") << " on " << p
+    << " ranks needs ";
+  if (b.overflow) m << "more bytes per rank than 64-bit arithmetic counts";
+  else
+    m << "at least " << b.v << " bytes per rank (" << std::fixed << std::setprecision(1) << b.v / 1073741824.0 << " GiB"
+      << (c.check > 0 ? ", of which --check " + std::to_string(c.check) + " rows take " + std::to_string(chk.v) : std::string())
+      << "), " << std::setprecision(0) << need_node << " bytes for the " << on_node << " rank(s) on this node";
+  m << ", but MemAvailable is " << avail << " bytes (" << std::setprecision(1) << avail / 1073741824.0
+    << " GiB); nothing was allocated: use more ranks or nodes, a shorter sequence or a smaller batch"
+    << (c.check > 0 ? " (or fewer --check rows)" : "");
+  return m.str();
+}
+
 template <class T>
 double tolerance() {
   if (std::is_same<T, double>::value) return 1e-12;
@@ -275,6 +364,7 @@ int run(const Config& c, MPI_Comm comm) {
     kfa::detail::fail("kfa-longseq: --layout zigzag needs seq >= 2 * ranks = ", 2 * p, " but seq = ", s.seq);
   s.segs = kfa::dist::shard_of(layout, s.seq, p, rank);
   for (const auto& sg : s.segs) s.n += sg.length;
+  kfa::io::detail::agree(comm, memory_problem<T>(c, s, p, comm));  // every rank refuses alike, before allocating
   auto load = [&](const char* name, int id, long heads, const kfa::io::DatasetInfo& info) {
     if (c.generate || !info.exists) return generate<T>(c, s, id, heads);
     std::vector<double> x;

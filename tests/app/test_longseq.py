@@ -290,6 +290,47 @@ def collective_metadata(tmp):
             print(log[-3000:])
 
 
+def sizes(tmp):
+    """Issue 15, item 6: impossible sizes are refused before anything is allocated, naming the shape, the
+    bytes and the limit (c8edcdf: std::bad_alloc + MPI_ABORT, or 16 s of growing memory first); element
+    counts beyond 64 bits are refused."""
+    d = os.path.join(tmp, "sizes")
+    os.makedirs(d)
+
+    def declared(name, shape):  # datasets with a shape only: chunked, nothing written (a few KiB on disk)
+        p = os.path.join(d, name)
+        with h5py.File(p, "w") as f:
+            for n in "qkv":
+                f.create_dataset(n, shape=shape, dtype=np.float32, chunks=(1, 64, shape[2], shape[3]))
+        return p
+
+    cases = [
+        ("file declaring seq 2^31", ("--input", declared("seq31.h5", (1, 2**31, 4, 64))),
+         ("seq 2147483648", "bytes per rank", "MemAvailable")),
+        ("file declaring batch 2^40", ("--input", declared("batch40.h5", (2**40, 64, 4, 64))),
+         ("batch 1099511627776", "bytes per rank", "MemAvailable")),
+        ("file declaring 2^40 x 2^22 x 4 x 64 elements (beyond 64 bits)",
+         ("--input", declared("overflow.h5", (2**40, 2**22, 4, 64))), ("batch 1099511627776", "overflows 64-bit")),
+        ("--generate --seqlen 2^31", ("--generate", "--seqlen", 2**31), ("seq 2147483648", "bytes per rank", "MemAvailable")),
+        ("--generate --batch 1000000000", ("--generate", "--batch", 1000000000), ("batch 1000000000", "MemAvailable")),
+        ("--generate --batch 1e9", ("--generate", "--batch", "1e9"), ("--batch", "1e9")),
+        ("--check 2000000000", ("--generate", "--seqlen", 256, "--check", 2000000000),
+         ("--check 2000000000", "bytes", "MemAvailable")),
+        ("--generate --batch 2^62 (count beyond 64 bits)", ("--generate", "--batch", 2**62, "--seqlen", 4),
+         ("batch 4611686018427387904", "overflows 64-bit")),
+    ]
+    out = os.path.join(d, "out.h5")
+    for what, args, frags in cases:
+        t0 = time.time()
+        rc, log = run(2, *args, "--output", out, timeout=30)
+        secs = time.time() - t0
+        said = all(f in log for f in frags)
+        check(rc == 2 and said and secs < 20 and "bad_alloc" not in log and "MPI_ABORT" not in log and not os.path.exists(out),
+              f"sizes: {what}: exit {rc} (want 2) in {secs:.1f} s (< 20), names {frags}: {said}")
+        if rc != 2 or not said:
+            print(log[-3000:])
+
+
 def full_filesystem(d):
     """A full file system (a small tmpfs, mounted when run as root): the old output and JSON stay
     byte-identical, no temporary is left, the run ends non-zero with 'no space left on device' within 60 s on
@@ -445,6 +486,7 @@ def main():
 
     output_safety(tmp)
     collective_metadata(tmp)
+    sizes(tmp)
 
     # A failed or killed run never replaces a good output file, and never leaves a partial one.
     keep = os.path.join(tmp, "keep.h5")
