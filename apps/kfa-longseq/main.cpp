@@ -608,7 +608,14 @@ int main(int argc, char** argv) {
   app.add_option("--heads", c.heads, "with --generate")->check(CLI::PositiveNumber);
   app.add_option("--kv-heads", c.kv_heads, "with --generate (default: --heads)")->check(CLI::NonNegativeNumber);
   app.add_option("--head-dim", c.head_dim, "with --generate: a multiple of 8 in [8, 256]")->check(CLI::PositiveNumber);
-  app.add_option("--seed", c.seed, "with --generate");
+  app.add_option("--seed", c.seed, "with --generate: a non-negative integer")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
+                       ? std::string()
+                       : "must be a non-negative integer, got '" + v + "'";
+          },
+          "NONNEGATIVE"));
   app.add_option("--dtype", c.dtype, "compute type")->check(CLI::IsMember({"float64", "float32", "float16", "bfloat16"}));
   app.add_flag("--causal", c.causal, "causal mask (bottom-right aligned)");
   app.add_option("--window", c.window, "sliding window L R (-1 = unbounded)")->expected(2);
@@ -627,6 +634,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (!c.generate && c.input.empty()) throw CLI::ValidationError("one of --input FILE or --generate is required");
+    if (!c.generate)  // the shape comes from the file: a generate-only option would be silently ignored
+      for (const char* o : {"--batch", "--seqlen", "--heads", "--kv-heads", "--head-dim", "--seed"})
+        if (app.count(o) > 0)
+          throw CLI::ValidationError(std::string(o) + " applies only with --generate; with --input the shape and the "
+                                     "values come from " + c.input);
     if (!c.window.empty() && (c.window[0] < -1 || c.window[1] < -1))
       throw CLI::ValidationError("--window values must be >= -1, got " + std::to_string(c.window[0]) + " " + std::to_string(c.window[1]));
     if (c.generate && c.kv_heads == 0) c.kv_heads = c.heads;

@@ -290,10 +290,10 @@ def collective_metadata(tmp):
             print(log[-3000:])
 
 
-def sizes(tmp):
-    """Issue 15, item 6: impossible sizes are refused before anything is allocated, naming the shape, the
-    bytes and the limit (c8edcdf: std::bad_alloc + MPI_ABORT, or 16 s of growing memory first); element
-    counts beyond 64 bits are refused."""
+def sizes_and_options(tmp):
+    """Issue 15, items 6 and 7: impossible sizes are refused before anything is allocated, naming the shape,
+    the bytes and the limit (c8edcdf: std::bad_alloc + MPI_ABORT, or 16 s of growing memory first); element
+    counts beyond 64 bits are refused; generate-only options with --input and a negative seed are errors."""
     d = os.path.join(tmp, "sizes")
     os.makedirs(d)
 
@@ -329,6 +329,18 @@ def sizes(tmp):
               f"sizes: {what}: exit {rc} (want 2) in {secs:.1f} s (< 20), names {frags}: {said}")
         if rc != 2 or not said:
             print(log[-3000:])
+
+    good = os.path.join(d, "good.h5")
+    with h5py.File(good, "w") as f:
+        for n in "qkv":
+            f[n] = np.ones((1, 64, 2, 16), np.float32)
+    for opt, val in (("--seqlen", 100), ("--heads", 8), ("--kv-heads", 1), ("--head-dim", 32), ("--batch", 2), ("--seed", 3)):
+        rc, log = run(2, "--input", good, opt, val)
+        said = f"{opt} applies only with --generate" in log
+        check(rc == 2 and said and "TFLOP/s" not in log, f"options: {opt} with --input: exit {rc} (want 2), says so: {said}")
+    for bad in ("-5", "abc"):
+        rc, log = run(1, "--generate", "--seqlen", 64, "--seed", bad)
+        check(rc == 2 and "--seed" in log and bad in log and "TFLOP/s" not in log, f"options: --seed {bad}: exit {rc} (want 2)")
 
 
 def full_filesystem(d):
@@ -486,7 +498,7 @@ def main():
 
     output_safety(tmp)
     collective_metadata(tmp)
-    sizes(tmp)
+    sizes_and_options(tmp)
 
     # A failed or killed run never replaces a good output file, and never leaves a partial one.
     keep = os.path.join(tmp, "keep.h5")
