@@ -49,14 +49,14 @@ void run(const Args& args, int rank, int p) {
     if (max_msg) ring.set_max_message_bytes(max_msg);
     long n = 0;
     for (const auto& s : kfa::dist::shard_of(layout, n_total, p, rank)) n += s.length;
-    using V4 = Kokkos::View<T****, Mem>;
+    using V4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;  // the tensor-core kernels need unit head-dim stride
     V4 q("bench::q", 1, n, heads, d), k("bench::k", 1, n, kv_heads, d), v("bench::v", 1, n, kv_heads, d),
         o("bench::o", 1, n, heads, d), d_o("bench::do", 1, n, heads, d), dq("bench::dq", 1, n, heads, d),
         dk("bench::dk", 1, n, kv_heads, d), dv("bench::dv", 1, n, kv_heads, d);
-    Kokkos::View<kfa::accumulator_t<T>***, Mem> lse("bench::lse", 1, heads, n);
+    Kokkos::View<kfa::accumulator_t<T>***, Kokkos::LayoutRight, Mem> lse("bench::lse", 1, heads, n);
     Kokkos::Random_XorShift64_Pool<Exec> pool(1234 + rank);
     for (const V4* x : {&q, &k, &v, &d_o}) {
-      Kokkos::View<float****, Mem> tmp("bench::tmp", x->extent(0), x->extent(1), x->extent(2), x->extent(3));
+      Kokkos::View<float****, Kokkos::LayoutRight, Mem> tmp("bench::tmp", x->extent(0), x->extent(1), x->extent(2), x->extent(3));
       Kokkos::fill_random(tmp, pool, -1.0f, 1.0f);
       const V4 dst = *x;
       Kokkos::parallel_for("bench::convert", Kokkos::RangePolicy<Exec>(0, tmp.size()),
