@@ -13,6 +13,8 @@
 #include <Kokkos_Random.hpp>
 #include <kfa/dist/dist.hpp>
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -139,43 +141,50 @@ int main(int argc, char** argv) {
   long per_rank = 2048, seq = 0;
   int heads = 4, kv_heads = 0, d = 64, reps = 3;
   bool causal = false, backward = false, steps = false;
-  std::string dtype = "float32";
+  std::string dtype = "float32", layout_name = "contiguous";
   std::size_t max_msg = 0;
-  kfa::dist::Layout layout = kfa::dist::Layout::contiguous;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: %s needs a value\n", a.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 2);
-      }
-      return argv[++i];
-    };
-    if (a == "--tokens-per-rank") per_rank = std::stol(next());
-    else if (a == "--seq") seq = std::stol(next());
-    else if (a == "--heads") heads = std::stoi(next());
-    else if (a == "--kv-heads") kv_heads = std::stoi(next());
-    else if (a == "--head-dim") d = std::stoi(next());
-    else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--causal") causal = true;
-    else if (a == "--backward") backward = true;
-    else if (a == "--steps") steps = true;
-    else if (a == "--dtype") dtype = next();
-    else if (a == "--max-message-bytes") max_msg = std::stoul(next());
-    else if (a == "--layout") {
-      const std::string l = next();
-      if (l != "contiguous" && l != "zigzag") {
-        if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --layout must be contiguous or zigzag, got '%s'\n", l.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 2);
-      }
-      layout = l == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
-    } else if (a.rfind("--kokkos", 0) == 0) continue;
-    else {
-      if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: unknown argument '%s'\n", a.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 2);
+  // Every rank parses the same command line and reaches the same verdict; rank 0 alone prints it.
+  CLI::App app("Ring attention benchmark (run under mpirun)", "kfa_bench_ring");
+  app.add_option("--tokens-per-rank", per_rank, "weak scaling: tokens per rank")->check(kfa_bench::positive_int(1LL << 40));
+  app.add_option("--seq", seq, "strong scaling: the whole sequence (overrides --tokens-per-rank)")
+      ->check(kfa_bench::positive_int(1LL << 40));
+  app.add_option("--heads", heads, "query heads")->check(kfa_bench::positive_int());
+  app.add_option("--kv-heads", kv_heads, "key/value heads (default: --heads)")->check(kfa_bench::positive_int());
+  app.add_option("--head-dim", d, "head dimension")->check(kfa_bench::positive_int());
+  app.add_option("--reps", reps, "timed repetitions (after one warm-up)")->check(kfa_bench::positive_int());
+  app.add_option("--layout", layout_name, "contiguous or zigzag")->check(CLI::IsMember({"contiguous", "zigzag"}));
+  app.add_option("--dtype", dtype, "float32, float64, float16 or bfloat16")
+      ->check(CLI::IsMember({"float32", "float64", "float16", "bfloat16"}));
+  app.add_option("--max-message-bytes", max_msg, "split ring messages into chunks of at most this many bytes")
+      ->check(kfa_bench::positive_int(2147483647LL));
+  app.add_flag("--causal", causal, "causal mask");
+  app.add_flag("--backward", backward, "forward + backward");
+  app.add_flag("--steps", steps, "per-step table");
+  int st = -1;
+  if (rank == 0) {
+    st = kfa_bench::parse_command_line(app, argc, argv);
+  } else {  // the same verdict, silently (rank 0 prints it)
+    std::vector<char*> mine;
+    for (int i = 0; i < argc; ++i)
+      if (i == 0 || std::string(argv[i]).rfind("--kokkos-", 0) != 0) mine.push_back(argv[i]);
+    try {
+      app.parse(static_cast<int>(mine.size()), mine.data());
+    } catch (const CLI::ParseError& e) {
+      st = e.get_exit_code() == 0 ? 0 : 2;
     }
   }
+  if (st >= 0) {
+    MPI_Finalize();
+    return st;
+  }
   if (kv_heads == 0) kv_heads = heads;
+  if (kv_heads > heads || heads % kv_heads != 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "kfa_bench_ring: --kv-heads %d must divide --heads %d\n", kv_heads, heads);
+    MPI_Finalize();
+    return 2;
+  }
+  const kfa::dist::Layout layout = layout_name == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
   {
     Kokkos::ScopeGuard guard(argc, argv);
     Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg};

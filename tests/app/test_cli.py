@@ -34,7 +34,7 @@ def parse_argv(argv):
 
 
 MPI, BINARIES = parse_argv(sys.argv[1:])
-MPI_PROGRAMS = {"kfa_example_ring", "kfa_example_hdf5_roundtrip", "kfa_example_hdf5_roundtrip_rank0"}
+MPI_PROGRAMS = {"kfa_example_ring", "kfa_example_hdf5_roundtrip", "kfa_example_hdf5_roundtrip_rank0", "kfa_bench_ring"}
 
 
 def check(cond, what, log=""):
@@ -169,7 +169,22 @@ def bench_sdpa(b):
         refused(b, ["--n", "512"], "--out")  # required
 
 
+def bench_ring(b):
+    helps(b, "--tokens-per-rank", "--seq", "--heads", "--kv-heads", "--head-dim", "--reps", "--layout", "--dtype",
+          "--max-message-bytes", "--causal", "--backward", "--steps")
+    common(b)
+    numeric(b, positive=("--tokens-per-rank", "--seq", "--heads", "--kv-heads", "--head-dim", "--reps",
+                         "--max-message-bytes"))
+    refused(b, ["--layout", "spiral"], "--layout", "spiral")
+    refused(b, ["--dtype", "int8"], "--dtype", "int8")
+    refused(b, ["--heads", "4", "--kv-heads", "3"], "--kv-heads 3", "--heads 4")
+    rc, out, err, _ = run(b, ["--tokens-per-rank", 64, "--heads", 2, "--head-dim", 16, "--reps", 1,
+                              "--max-message-bytes", 1000, "--kokkos-threads=1"])
+    check(rc == 0 and "kfa_bench_ring P=" in out, "kfa_bench_ring: a small run with chunked messages", out + err)
+
+
 TABLE = {
+    "kfa_bench_ring": bench_ring,
     "kfa_example_forward": example_forward,
     "kfa_example_backward": example_backward,
     "kfa_example_ring": example_ring,

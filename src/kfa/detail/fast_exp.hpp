@@ -166,7 +166,7 @@ struct LaneVec {
 
 /// Bytes per vector for W lanes of Acc under `isa`: the ISA's register, at most the W lanes (0: scalar).
 template <int W, class Acc>
-constexpr int lane_bytes(HostIsa isa) {
+KOKKOS_INLINE_FUNCTION constexpr int lane_bytes(HostIsa isa) {
   return KFA_HOST_LANES == 0 || W == 1 || isa == HostIsa::scalar
              ? 0
              : (isa_vector_bytes(isa) < W * static_cast<int>(sizeof(Acc)) ? isa_vector_bytes(isa)

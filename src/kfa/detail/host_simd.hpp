@@ -81,7 +81,7 @@ constexpr HostIsa compiled_host_isa = HostIsa::scalar;
 #endif
 
 /// Bytes per vector register at each level (0: scalar code).
-constexpr int isa_vector_bytes(HostIsa isa) {
+KOKKOS_INLINE_FUNCTION constexpr int isa_vector_bytes(HostIsa isa) {
   return isa == HostIsa::avx512 ? 64 : isa == HostIsa::avx2 ? 32 : isa == HostIsa::sse2 ? 16 : 0;
 }
 

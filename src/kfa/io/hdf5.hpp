@@ -563,7 +563,9 @@ class Writer {
   // not retried (see close()). Collective.
   void discard() noexcept {
     release_reserve();
-    if (m_rank == 0) ::truncate(m_tmp.c_str(), 0);
+    if (m_rank == 0 && ::truncate(m_tmp.c_str(), 0) != 0) {
+      // best effort: the file is removed below either way
+    }
     MPI_Barrier(m_comm);
     if (m_file.id >= 0) H5Fclose(m_file.id);  // checked nowhere: the file is being thrown away
     m_file.id = -1;
