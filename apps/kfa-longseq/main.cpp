@@ -34,6 +34,7 @@ struct Config {
   std::vector<int> window;
   double scale = 0, softcap = 0;
   double check_tol = -1;  // < 0: the dtype's default
+  long max_message_bytes = 0;  // 0: the Ring's default (1 GiB)
 };
 
 // Deterministic value of element `flat` of tensor `id`: the same for every rank count and layout.
@@ -382,6 +383,7 @@ int run(const Config& c, MPI_Comm comm) {
   opts.causal = c.causal, opts.softmax_scale = c.scale, opts.softcap = c.softcap;
   if (!c.window.empty()) opts.window_left = c.window[0], opts.window_right = c.window[1];
   kfa::dist::Ring ring(comm, layout);
+  if (c.max_message_bytes > 0) ring.set_max_message_bytes(static_cast<std::size_t>(c.max_message_bytes));
   V4 q = to_device<T, V4>(s.q, s.batch, s.n, s.heads, s.d, "q"), k = to_device<T, V4>(s.k, s.batch, s.n, s.kv_heads, s.d, "k"),
      v = to_device<T, V4>(s.v, s.batch, s.n, s.kv_heads, s.d, "v"), o("o", s.batch, s.n, s.heads, s.d);
   Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse("lse", s.batch, s.heads, s.n);
@@ -482,7 +484,9 @@ int run(const Config& c, MPI_Comm comm) {
         << Exec::name() << ", " << kfa::io::io_mode() << ")\n"
         << "  " << p << " ranks, " << c.layout << ", " << c.dtype << ", batch " << s.batch << ", seq " << s.seq
         << ", heads " << s.heads << "/" << s.kv_heads << ", head_dim " << s.d << (c.causal ? ", causal" : "")
-        << (c.backward ? ", forward+backward" : ", forward") << "\n";
+        << (c.backward ? ", forward+backward" : ", forward") << "\n"
+        << "  ring transport: " << ring.transport<Mem>() << ", messages of at most " << ring.max_message_bytes()
+        << " bytes\n";
     char line[512];
     std::snprintf(line, sizeof line,
                   "  read %.3f s | compute %.3f s (attention %.3f s, merge %.3f s, communication wait %.3f s) | write %.3f s\n"
@@ -622,6 +626,9 @@ int main(int argc, char** argv) {
   app.add_option("--scale", c.scale, "softmax scale (default 1/sqrt(head_dim))")->check(CLI::NonNegativeNumber);
   app.add_option("--softcap", c.softcap, "score softcap (0 = off)")->check(CLI::NonNegativeNumber);
   app.add_option("--layout", c.layout, "how the sequence is sharded")->check(CLI::IsMember({"contiguous", "zigzag"}));
+  app.add_option("--max-message-bytes", c.max_message_bytes,
+                 "split ring messages into chunks of at most this many bytes (default 1073741824)")
+      ->check(CLI::Range(1L, 2147483647L));
   app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO read from dataset 'do' or generated)");
   app.add_option("--output", c.output, "write o, lse (and gradients) to this HDF5 file");
   app.add_option("--check", c.check, "check K random query rows per rank against float64")->check(CLI::NonNegativeNumber);

@@ -403,6 +403,38 @@ def full_filesystem(d):
         subprocess.run(["umount", fs])
 
 
+def ring_faults(tmp):
+    """Chunked ring messages give the same checked result; a failure on one rank in the middle of the ring
+    (the KFA_RING_FAULT test hook of kfa::dist::Ring) ends every rank with the same error, exit 2, no hang and no
+    output file."""
+    base = ["--generate", "--seqlen", 384, "--heads", 2, "--head-dim", 32, "--causal", "--layout", "zigzag",
+            "--backward"]
+    out = os.path.join(tmp, "chunked.h5")
+    rc, log = run(2, *base, "--check", 3, "--max-message-bytes", 1000, "--output", out, timeout=120)
+    check(rc == 0 and "PASS" in log and "messages of at most 1000 bytes" in log,
+          "ring messages in 1000-byte chunks: exit 0, check passes, reported")
+    if rc != 0:
+        print(log)
+    for bad in ("0", "-1", "abc", "3000000000"):
+        rc, log = run(1, *base, "--max-message-bytes", bad, timeout=60)
+        check(rc == 2 and "--max-message-bytes" in log, f"--max-message-bytes {bad} refused with exit 2")
+    fdir = os.path.join(tmp, "faults")
+    os.makedirs(fdir, exist_ok=True)
+    for hook in ("1:1", "0:0", "1:0"):
+        out = os.path.join(fdir, f"fault_{hook.replace(':', '_')}.h5")
+        os.environ["KFA_RING_FAULT"] = hook
+        try:
+            rc, log = run(2, *base, "--output", out, timeout=60)
+        finally:
+            del os.environ["KFA_RING_FAULT"]
+        r, st = hook.split(":")
+        want = f"ring step {st}: rank {r} of 2: kfa::dist: fault injected"
+        check(rc == 2 and want in log and not os.path.exists(out) and not temporaries(fdir),
+              f"fault at rank {r}, step {st}: exit 2 on every rank (got {rc}), the same message, no output, no hang")
+        if rc != 2 or want not in log:
+            print(log)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="kfa_app_")
     rng = np.random.default_rng()
@@ -499,6 +531,7 @@ def main():
     output_safety(tmp)
     collective_metadata(tmp)
     sizes_and_options(tmp)
+    ring_faults(tmp)
 
     # A failed or killed run never replaces a good output file, and never leaves a partial one.
     keep = os.path.join(tmp, "keep.h5")
