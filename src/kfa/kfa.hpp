@@ -6,6 +6,7 @@
 #include <kfa/detail/host_simd.hpp>  // kfa::host_isa(): the host vector ISA in use
 #include <kfa/error.hpp>
 #include <kfa/merge.hpp>
+#include <kfa/nonfinite.hpp>  // kfa::count_nonfinite; what NaN/Inf inputs produce
 #include <kfa/online_softmax.hpp>
 #include <kfa/options.hpp>
 #include <kfa/reference.hpp>
