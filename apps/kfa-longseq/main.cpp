@@ -8,10 +8,12 @@
 #include <CLI/CLI.hpp>
 #include <kfa/dist/dist.hpp>
 #include <kfa/io/hdf5.hpp>
+#include <kfa/nonfinite.hpp>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +29,7 @@ namespace {
 
 struct Config {
   std::string input, output, json, dtype = "float32", layout = "contiguous";
-  bool generate = false, causal = false, backward = false, progress = false;
+  bool generate = false, causal = false, backward = false, progress = false, allow_nonfinite = false;
   long batch = 1, seqlen = 65536;
   int heads = 4, kv_heads = 0, head_dim = 64, check = 0;
   std::uint64_t seed = 1;
@@ -310,6 +312,58 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
+// Non-finite counts of named tensors, summed over the ranks (collective).
+struct NonFiniteCounts {
+  std::vector<std::pair<std::string, unsigned long long>> n;
+  unsigned long long total() const {
+    unsigned long long t = 0;
+    for (const auto& x : n) t += x.second;
+    return t;
+  }
+  std::string text() const {  // "o 3, lse 1"
+    std::string t;
+    for (const auto& x : n) t += (t.empty() ? "" : ", ") + x.first + " " + std::to_string(x.second);
+    return t;
+  }
+  std::string json() const {  // {"o": 3, "lse": 1}
+    std::string t;
+    for (const auto& x : n) t += (t.empty() ? "{" : ", ") + ("\"" + x.first + "\": ") + std::to_string(x.second);
+    return t.empty() ? "{}" : t + "}";
+  }
+};
+
+template <class V>
+void count_into(NonFiniteCounts& out, const char* name, const V& x) {
+  out.n.emplace_back(name, static_cast<unsigned long long>(kfa::count_nonfinite(Kokkos::DefaultExecutionSpace(), x)));
+}
+
+void allreduce(NonFiniteCounts& c, MPI_Comm comm) {
+  std::vector<unsigned long long> v;
+  for (const auto& x : c.n) v.push_back(x.second);
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+  for (size_t i = 0; i < v.size(); ++i) c.n[i].second = v[i];
+}
+
+// The global [batch, seq, head, e] index of the first non-finite element of a host shard ([batch, n, heads, d],
+// as rounded to the compute dtype), the smallest over the ranks; "" when none (collective).
+std::string first_nonfinite(const Shards& s, const std::vector<double>& x, long heads, MPI_Comm comm) {
+  long long best = -1;
+  for (size_t f = 0; f < x.size() && best < 0; ++f) {
+    if (std::isfinite(x[f])) continue;
+    const long e = static_cast<long>(f % s.d), h = static_cast<long>(f / s.d % heads), li = static_cast<long>(f / s.d / heads % s.n),
+               b = static_cast<long>(f / s.d / heads / s.n);
+    long gi = 0;
+    for (const auto& sg : s.segs)
+      if (li >= sg.local_begin && li < sg.local_begin + sg.length) gi = sg.global_begin + li - sg.local_begin;
+    best = ((static_cast<long long>(b) * s.seq + gi) * heads + h) * s.d + e;
+  }
+  long long mine = best < 0 ? LLONG_MAX : best;
+  MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_LONG_LONG, MPI_MIN, comm);
+  if (mine == LLONG_MAX) return "";
+  const long long e = mine % s.d, h = mine / s.d % heads, i = mine / s.d / heads % s.seq, b = mine / s.d / heads / s.seq;
+  return "[" + std::to_string(b) + ", " + std::to_string(i) + ", " + std::to_string(h) + ", " + std::to_string(e) + "]";
+}
+
 template <class T>
 int run(const Config& c, MPI_Comm comm) {
   using Exec = Kokkos::DefaultExecutionSpace;
@@ -386,6 +440,29 @@ int run(const Config& c, MPI_Comm comm) {
   if (c.max_message_bytes > 0) ring.set_max_message_bytes(static_cast<std::size_t>(c.max_message_bytes));
   V4 q = to_device<T, V4>(s.q, s.batch, s.n, s.heads, s.d, "q"), k = to_device<T, V4>(s.k, s.batch, s.n, s.kv_heads, s.d, "k"),
      v = to_device<T, V4>(s.v, s.batch, s.n, s.kv_heads, s.d, "v"), o("o", s.batch, s.n, s.heads, s.d);
+  V4 d_o;
+  if (c.backward) d_o = to_device<T, V4>(s.d_o, s.batch, s.n, s.heads, s.d, "do");
+  // Inputs with NaN/Inf (as stored, or after rounding to the compute dtype) give NaN outputs: refused on every
+  // rank alike, naming each dataset, its count over all ranks and its first element, unless --allow-nonfinite.
+  NonFiniteCounts in_bad;
+  count_into(in_bad, "q", q), count_into(in_bad, "k", k), count_into(in_bad, "v", v);
+  if (c.backward) count_into(in_bad, "do", d_o);
+  allreduce(in_bad, comm);
+  if (in_bad.total() > 0 && !c.allow_nonfinite) {
+    std::ostringstream m;
+    m << "kfa-longseq: non-finite input values (NaN or +-Inf";
+    if (c.dtype != "float64") m << " in " << c.dtype;
+    m << "):";
+    const std::vector<const std::vector<double>*> host{&s.q, &s.k, &s.v, &s.d_o};
+    for (size_t i = 0; i < in_bad.n.size(); ++i) {
+      if (in_bad.n[i].second == 0) continue;
+      const long heads = (i == 1 || i == 2) ? s.kv_heads : s.heads;
+      m << " dataset '" << in_bad.n[i].first << "'" << (c.generate ? " (generated)" : " of " + c.input) << " has "
+        << in_bad.n[i].second << ", the first at " << first_nonfinite(s, *host[i], heads, comm) << ";";
+    }
+    m << " they would make the outputs NaN; nothing was computed (--allow-nonfinite accepts them)";
+    kfa::detail::fail(m.str());
+  }
   Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse("lse", s.batch, s.heads, s.n);
   const bool bar = c.progress || isatty(2);
   kfa::dist::RingStats fst, bst;
@@ -417,7 +494,6 @@ int run(const Config& c, MPI_Comm comm) {
   kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse, opts, &fst);
   V4 dq, dk, dv;
   if (c.backward) {
-    V4 d_o = to_device<T, V4>(s.d_o, s.batch, s.n, s.heads, s.d, "do");
     dq = V4("dq", s.batch, s.n, s.heads, s.d), dk = V4("dk", s.batch, s.n, s.kv_heads, s.d), dv = V4("dv", s.batch, s.n, s.kv_heads, s.d);
     kfa::dist::ring_attention_backward(Exec(), ring, q, k, v, o, d_o, lse, dq, dk, dv, opts, &bst);
   }
@@ -440,6 +516,13 @@ int run(const Config& c, MPI_Comm comm) {
     chk = self_check(c, s, oh, lh, comm);
     check_ok = chk.max_rel <= o_tol && chk.max_lse <= lse_tol;
   }
+  // Non-finite results (NaN/Inf inputs let through, or scores that overflow the compute dtype): exit 4 and
+  // nothing written, unless --allow-nonfinite.
+  NonFiniteCounts out_bad;
+  count_into(out_bad, "o", o), count_into(out_bad, "lse", lse);
+  if (c.backward) count_into(out_bad, "dq", dq), count_into(out_bad, "dk", dk), count_into(out_bad, "dv", dv);
+  allreduce(out_bad, comm);
+  const bool finite_ok = out_bad.total() == 0 || c.allow_nonfinite;
 
   // ---- write ----------------------------------------------------------------------------------------
   const double tw0 = MPI_Wtime();
@@ -447,7 +530,7 @@ int run(const Config& c, MPI_Comm comm) {
   // as they were. The HDF5 output is written to a temporary, flushed and closed with every rank agreeing
   // that all of it succeeded; the JSON summary is written to its own temporary; only then are both renamed.
   std::unique_ptr<kfa::io::Writer> writer;
-  if (!c.output.empty() && check_ok) {
+  if (!c.output.empty() && check_ok && finite_ok) {
     const std::vector<long> od{s.batch, s.seq, s.heads, s.d}, ld{s.batch, s.heads, s.seq}, kd{s.batch, s.seq, s.kv_heads, s.d};
     using Store = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
     const unsigned long long row = static_cast<unsigned long long>(s.batch) * s.seq * sizeof(Store),
@@ -499,8 +582,25 @@ int run(const Config& c, MPI_Comm comm) {
                     chk.rows, chk.max_abs, chk.max_rel, o_tol, chk.max_lse, check_ok ? "PASS" : "FAIL");
       rep << line;
     }
+    if (in_bad.total() > 0 || out_bad.total() > 0)
+      rep << "  non-finite values: inputs " << in_bad.text() << "; outputs " << out_bad.text()
+          << (c.allow_nonfinite ? " (--allow-nonfinite)" : "") << "\n";
     std::fputs(rep.str().c_str(), stdout);
     std::fflush(stdout);
+  }
+  if (!finite_ok) {
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "kfa-longseq: %s non-finite result element(s) (NaN or +-Inf) from finite inputs: %s: exit 4 "
+                   "(score overflow in %s? use --dtype float64 or a smaller --scale; --allow-nonfinite "
+                   "writes them anyway)",
+                   std::to_string(out_bad.total()).c_str(), out_bad.text().c_str(), c.dtype.c_str());
+      if (!c.output.empty()) std::fprintf(stderr, "; --output %s not written", c.output.c_str());
+      if (!c.json.empty()) std::fprintf(stderr, "; --json %s not written", c.json.c_str());
+      if (!c.output.empty() || !c.json.empty()) std::fprintf(stderr, " (existing files are left as they were)");
+      std::fprintf(stderr, "\n");
+    }
+    return 4;
   }
   if (!check_ok) {
     if (rank == 0) {
@@ -531,7 +631,8 @@ int run(const Config& c, MPI_Comm comm) {
          << ", \"tflops\": " << flops / t_compute_total * 1e-12 << ", \"tokens_per_s\": " << s.batch * s.seq / t_compute_total
          << ", \"memory_high_water_mib\": " << mem_mib << ", \"communication_hidden\": " << hidden
          << ", \"check_rows\": " << chk.rows << ", \"check_max_rel_error\": " << chk.max_rel
-         << ", \"check_pass\": " << (check_ok ? "true" : "false") << ", \"output\": \"" << json_escape(c.output) << "\"}\n";
+         << ", \"check_pass\": " << (check_ok ? "true" : "false") << ", \"nonfinite_inputs\": " << in_bad.json()
+         << ", \"nonfinite_outputs\": " << out_bad.json() << ", \"output\": \"" << json_escape(c.output) << "\"}\n";
       err = kfa::io::write_text_temporary(json_tmp, js.str());
       if (!err.empty()) err = "kfa-longseq: --json " + c.json + ": " + err + kfa::io::full_filesystem_hint(c.json);
     }
@@ -637,7 +738,14 @@ int main(int argc, char** argv) {
                  "lse 10x the accumulator's)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--json", c.json, "write the summary as JSON to this file");
+  app.add_flag("--allow-nonfinite", c.allow_nonfinite,
+               "accept NaN/Inf in q, k, v, do (refused with exit 2 otherwise) and write non-finite results (exit 4 "
+               "otherwise); the counts are reported");
   app.add_flag("--progress", c.progress, "progress bar on stderr even when it is not a terminal");
+  app.footer("Exit status: 0 success; 2 a refused option or input (non-finite values in q/k/v/do included, unless "
+             "--allow-nonfinite) or a failed read/write; 3 --check failed; 4 non-finite results (NaN/Inf in o, lse or "
+             "the gradients: overflow? use --dtype float64 or a smaller --scale) unless --allow-nonfinite. A non-zero "
+             "exit writes neither --output nor --json.");
   try {
     app.parse(argc, argv);
     if (!c.generate && c.input.empty()) throw CLI::ValidationError("one of --input FILE or --generate is required");

@@ -435,6 +435,100 @@ def ring_faults(tmp):
             print(log)
 
 
+def nonfinite(tmp):
+    """NaN in k is refused (exit 2, naming 'k', its count and --allow-nonfinite) before any work; with
+    --allow-nonfinite it runs, reports the counts and writes; finite inputs whose scores overflow float32 give
+    exit 4 with the hint and no output (the old output kept), and succeed in float64."""
+    d = os.path.join(tmp, "nonfinite")
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng()
+    b, s, h, dd = 1, 96, 2, 16
+    q, k, v = (rng.standard_normal((b, s, h, dd)) for _ in range(3))
+    for np_ in (1, 2):
+        for pos, what in (((0, 0, 0, 0), "first"), ((0, s - 1, h - 1, dd - 1), "last"), ((0, 50, 1, 7), "middle")):
+            kk = k.copy()
+            kk[pos] = np.nan
+            kk[0, 3, 0, 2] = np.inf if what != "first" else -np.inf
+            inp = os.path.join(d, f"nan_k_{what}.h5")
+            with h5py.File(inp, "w") as f:
+                f["q"], f["k"], f["v"] = q.astype(np.float32), kk.astype(np.float32), v.astype(np.float32)
+            out = os.path.join(d, f"nan_k_{what}_{np_}.h5")
+            rc, log = run(np_, "--input", inp, "--output", out, timeout=120)
+            check(rc == 2 and "'k'" in log and "has 2" in log and "--allow-nonfinite" in log and not os.path.exists(out)
+                  and "'q'" not in log and not temporaries(d),
+                  f"P={np_}: NaN ({what}) and Inf in k refused: exit 2 (got {rc}) naming 'k' and its count, no output")
+            if rc != 2:
+                print(log)
+            js = os.path.join(d, f"nan_k_{what}_{np_}.json")
+            rc, log = run(np_, "--input", inp, "--output", out, "--json", js, "--allow-nonfinite", timeout=120)
+            rep = json.load(open(js)) if os.path.exists(js) else {}
+            ok = (rc == 0 and os.path.exists(out) and "non-finite values: inputs q 0, k 2, v 0" in log
+                  and rep.get("nonfinite_inputs") == {"q": 0, "k": 2, "v": 0}
+                  and rep.get("nonfinite_outputs", {}).get("o", 0) > 0)
+            if ok:
+                with h5py.File(out, "r") as f:
+                    ok = bool(np.isnan(f["o"][...]).any())
+            check(ok, f"P={np_}: NaN ({what}) in k with --allow-nonfinite: exit 0 (got {rc}), counts reported and in "
+                      "the JSON, NaN o written")
+            if not ok:
+                print(log)
+    # NaN in q (and in do with --backward) named the same way.
+    qq = q.copy()
+    qq[0, 10, 1, 3] = np.nan
+    inp = os.path.join(d, "nan_q.h5")
+    with h5py.File(inp, "w") as f:
+        f["q"], f["k"], f["v"] = qq, k, v
+        dob = rng.standard_normal((b, s, h, dd))
+        dob[0, s - 1, 0, 0] = np.inf
+        f["do"] = dob
+    rc, log = run(2, "--input", inp, "--backward", timeout=120)
+    check(rc == 2 and "'q'" in log and "[0, 10, 1, 3]" in log and "'do'" in log and "[0, 95, 0, 0]" in log,
+          f"NaN in q and Inf in do (--backward) refused naming both and their first elements (exit {rc})")
+    if rc != 2:
+        print(log)
+    # Finite inputs, scores beyond float32: exit 4, the hint, the old output byte-identical, no temporaries.
+    big = os.path.join(d, "big.h5")
+    with h5py.File(big, "w") as f:
+        # ~1e20: q.k ~ 1e40 overflows float32 but not float64 (continuous values: no near-ties for ulps to decide)
+        f["q"], f["k"] = (q * 2.0 ** 66).astype(np.float32), (k * 2.0 ** 66).astype(np.float32)
+        f["v"] = v.astype(np.float32)
+    out = os.path.join(d, "big_out.h5")
+    with open(out, "wb") as f:
+        f.write(b"previous good output")
+    before = sha256(out)
+    for np_ in (1, 2):
+        rc, log = run(np_, "--input", big, "--dtype", "float32", "--output", out, "--json", out + ".json", timeout=120)
+        check(rc == 4 and "use --dtype float64 or a smaller --scale" in log and "o " in log and sha256(out) == before
+              and not os.path.exists(out + ".json") and not temporaries(d),
+              f"P={np_}: float32 score overflow: exit 4 (got {rc}) with the hint, old output kept, no JSON")
+        if rc != 4:
+            print(log)
+    rc, log = run(2, "--input", big, "--dtype", "float32", "--backward", timeout=120)
+    check(rc == 4 and "dq " in log, f"float32 overflow with --backward: exit 4 (got {rc}), gradients counted")
+    rc, log = run(2, "--input", big, "--dtype", "float32", "--allow-nonfinite", "--output", out, timeout=120)
+    check(rc == 0 and "non-finite values: inputs q 0, k 0, v 0; outputs o " in log and sha256(out) != before,
+          f"float32 overflow with --allow-nonfinite: exit 0 (got {rc}), counts reported, written")
+    out64 = os.path.join(d, "big_out64.h5")
+    rc, log = run(2, "--input", big, "--dtype", "float64", "--output", out64, "--check", 4, timeout=120)
+    ok = rc == 0 and "PASS" in log and os.path.exists(out64) and "non-finite" not in log
+    if ok:
+        with h5py.File(out64, "r") as f:
+            ok = bool(np.isfinite(f["o"][...]).all() and np.isfinite(f["lse"][...]).all())
+    check(ok, f"the same input in float64: exit 0 (got {rc}), finite o and lse, check passes")
+    if not ok:
+        print(log)
+    # Values beyond float32's range become Inf when rounded to the compute dtype: refused as inputs.
+    huge = os.path.join(d, "huge.h5")
+    with h5py.File(huge, "w") as f:
+        qh = q.copy()
+        qh[0, 0, 0, 0] = 1e300
+        f["q"], f["k"], f["v"] = qh, k, v
+    rc, log = run(1, "--input", huge, "--dtype", "float32", timeout=120)
+    check(rc == 2 and "'q'" in log and "float32" in log, f"1e300 in float64 q with --dtype float32: exit 2 (got {rc})")
+    rc, log = run(1, "--input", huge, "--dtype", "float64", timeout=120)
+    check(rc in (0, 4), f"the same in float64 is accepted as input (exit {rc})")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="kfa_app_")
     rng = np.random.default_rng()
@@ -532,6 +626,7 @@ def main():
     collective_metadata(tmp)
     sizes_and_options(tmp)
     ring_faults(tmp)
+    nonfinite(tmp)
 
     # A failed or killed run never replaces a good output file, and never leaves a partial one.
     keep = os.path.join(tmp, "keep.h5")
