@@ -16,28 +16,57 @@
 namespace kfa {
 namespace detail {
 
+/// exp on the reduced range, shared by the scalar form and the vector form (V = float or double, or a
+/// vector of them): sets t = xc·log2(e) + magic (n = t − magic is xc·log2(e) rounded, sitting in t's low
+/// mantissa bits) and returns exp(r), r = xc − n·ln2, by Taylor polynomial. xc is already clamped.
+template <class V>
+KOKKOS_FORCEINLINE_FUNCTION V exp_reduced_f32(const V& xc, V& t) {
+  t = xc * 1.44269504088896341f + 12582912.0f;  // 1.5·2^23
+  const V n = t - 12582912.0f;
+  V r = xc - n * 0.693145751953125f;  // ln2 split in two: n·ln2_hi is exact
+  r = r - n * 1.428606765330187045e-06f;
+  // Taylor to degree 7 on |r| ≤ ln2/2: truncation < 2e-9 relative.
+  V p = r * 1.98412698e-4f + 1.38888889e-3f;
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+template <class V>
+KOKKOS_FORCEINLINE_FUNCTION V exp_reduced_f64(const V& xc, V& t) {
+  t = xc * 1.4426950408889634074 + 6755399441055744.0;  // 1.5·2^52
+  const V n = t - 6755399441055744.0;
+  V r = xc - n * 6.93147180369123816490e-01;
+  r = r - n * 1.90821492927058770002e-10;
+  // Taylor to degree 13 on |r| ≤ ln2/2: truncation < 2e-17 relative.
+  V p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  return p * r + 1.0;
+}
+
 KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
 #if KFA_ON_DEVICE
   return compat::exp(x);
 #else
   // Branch-free so that loops calling it vectorize: clamp, round x·log2(e) to n with the 1.5·2^23 trick
   // (n then sits in the low mantissa bits of t, no float→int conversion), exp(r) by polynomial, times 2^n.
-  const float lo = -87.0f, hi = 88.0f, magic = 12582912.0f;
+  const float lo = -87.0f, hi = 88.0f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;  // NaN passes both compares unchanged and propagates through p
-  const float t = xc * 1.44269504088896341f + magic;
-  const float n = t - magic;
-  float r = xc - n * 0.693145751953125f;  // ln2 split in two: n·ln2_hi is exact
-  r = r - n * 1.428606765330187045e-06f;
-  // Taylor to degree 7 on |r| ≤ ln2/2: truncation < 2e-9 relative.
-  float p = 1.98412698e-4f;
-  p = p * r + 1.38888889e-3f;
-  p = p * r + 8.33333333e-3f;
-  p = p * r + 4.16666667e-2f;
-  p = p * r + 1.66666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  float t;
+  const float p = exp_reduced_f32(xc, t);
   // Unsigned arithmetic: for NaN input t's bits are arbitrary and must wrap, not overflow.
   std::uint32_t tb;
   std::memcpy(&tb, &t, sizeof(tb));
@@ -56,25 +85,8 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
   const double lo = -708.0, hi = 709.0, magic = 6755399441055744.0;  // 1.5·2^52
   double xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  const double t = xc * 1.4426950408889634074 + magic;
-  const double n = t - magic;
-  double r = xc - n * 6.93147180369123816490e-01;
-  r = r - n * 1.90821492927058770002e-10;
-  // Taylor to degree 13 on |r| ≤ ln2/2: truncation < 2e-17 relative.
-  double p = 1.0 / 6227020800.0;
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
+  double t;
+  const double p = exp_reduced_f64(xc, t);
   std::uint64_t tb, mb;
   std::memcpy(&tb, &t, sizeof(tb));
   std::memcpy(&mb, &magic, sizeof(mb));
@@ -108,41 +120,13 @@ __attribute__((always_inline)) inline void fast_exp_vec(V& x) {
   const V magic = zero + (f32 ? E(12582912.0f) : E(6755399441055744.0));
   V xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  V t, n, r, p;
+  V t, p;
   U bits;
   if constexpr (f32) {
-    t = xc * 1.44269504088896341f + magic;
-    n = t - magic;
-    r = xc - n * 0.693145751953125f;
-    r = r - n * 1.428606765330187045e-06f;
-    p = zero + 1.98412698e-4f;
-    p = p * r + 1.38888889e-3f;
-    p = p * r + 8.33333333e-3f;
-    p = p * r + 4.16666667e-2f;
-    p = p * r + 1.66666667e-1f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    p = exp_reduced_f32(xc, t);
     bits = ((U)t - 0x4B400000u + 127u) << 23;
   } else {
-    t = xc * 1.4426950408889634074 + magic;
-    n = t - magic;
-    r = xc - n * 6.93147180369123816490e-01;
-    r = r - n * 1.90821492927058770002e-10;
-    p = zero + 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    p = exp_reduced_f64(xc, t);
     bits = ((U)t - (U)magic + 1023u) << 52;
   }
   const V y = p * (V)bits;

@@ -481,6 +481,12 @@ std::string capture(F&& body) {
   return "";
 }
 
+/// The KFA_RING_FAULT test hook: throws on the chosen rank at the chosen step.
+inline void injected_fault(const Ring& ring, int step) {
+  if (ring.fault_at(step))
+    kfa::detail::fail("kfa::dist: fault injected at ring step ", step, " on rank ", ring.rank(), " (KFA_RING_FAULT)");
+}
+
 /// Allocations of a ring call, agreed: when one rank cannot allocate, every rank throws.
 template <class F>
 void agreed_allocation(const Ring& ring, const char* fn, F&& alloc) {
@@ -494,6 +500,24 @@ double stamp(const ExecSpace& space, bool on) {
   if (!on) return 0;
   space.fence();
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// A ring of one rank: `kernel` (one call over the whole sequence) as ring step 0, with the same failure
+/// agreement and statistics as a longer ring.
+template <class ExecSpace, class F>
+void single_rank(const ExecSpace& space, const Ring& ring, const char* fn, RingStats* stats, double t_begin,
+                 F&& kernel) {
+  const std::string err = capture([&] {
+    injected_fault(ring, 0);
+    kernel();
+    space.fence();
+  });
+  agree_on_step(ring, fn, 0, err);
+  if (stats) {
+    stats->steps.assign(1, RingStepStats{stamp(space, true) - t_begin, 0.0, 0.0, 0, 1});
+    stats->total_s = stats->steps[0].compute_s;
+    if (stats->on_step) stats->on_step(1, 1);
+  }
 }
 
 /// Buffers of one traveling K/V shard (and, in the backward pass, its dK/dV accumulators), sized for the
@@ -601,17 +625,10 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
   const double t_begin = detail::stamp(space, timed);
 
   if (p == 1) {  // the whole sequence is here: one kernel call, straight into o and lse, nothing sent
-    std::string err = detail::capture([&] {
-      if (ring.fault_at(0)) kfa::detail::fail("kfa::dist: fault injected at ring step 0 on rank ", me, " (KFA_RING_FAULT)");
-      kfa::detail::forward_impl(fn, space, q, k, v, o, lse, opts, kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
-      space.fence();
+    detail::single_rank(space, ring, fn, stats, t_begin, [&] {
+      kfa::detail::forward_impl(fn, space, q, k, v, o, lse, opts,
+                                kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
     });
-    detail::agree_on_step(ring, fn, 0, err);
-    if (timed) {
-      stats->steps.assign(1, RingStepStats{detail::stamp(space, true) - t_begin, 0.0, 0.0, 0, 1});
-      stats->total_s = stats->steps[0].compute_s;
-      if (stats->on_step) stats->on_step(1, 1);
-    }
     return;
   }
 
@@ -647,7 +664,7 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
     // Every rank posts its transfer before any work that can fail, so the transfer always completes.
     if (s < last) ex->start(cur->data, cur->count(map.k_length(owner)), nxt->data, nxt->count(map.k_length(incoming)), s);
     const std::string err = detail::capture([&] {
-      if (ring.fault_at(s)) kfa::detail::fail("kfa::dist: fault injected at ring step ", s, " on rank ", me, " (KFA_RING_FAULT)");
+      detail::injected_fault(ring, s);
       const long nk = map.k_length(owner);
       const auto kt = cur->tile(nk, 0), vt = cur->tile(nk, 1);
       for (const Segment& qs : map.q_segments(me))
@@ -709,18 +726,10 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   const double t_begin = detail::stamp(space, timed);
 
   if (p == 1) {  // the whole sequence is here: one kernel call, straight into dq, dk, dv, nothing sent
-    std::string err = detail::capture([&] {
-      if (ring.fault_at(0)) kfa::detail::fail("kfa::dist: fault injected at ring step 0 on rank ", me, " (KFA_RING_FAULT)");
+    detail::single_rank(space, ring, fn, stats, t_begin, [&] {
       kfa::detail::backward_impl(fn, space, q, k, v, o, d_o, lse, dq, dk, dv, opts,
                                  kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
-      space.fence();
     });
-    detail::agree_on_step(ring, fn, 0, err);
-    if (timed) {
-      stats->steps.assign(1, RingStepStats{detail::stamp(space, true) - t_begin, 0.0, 0.0, 0, 1});
-      stats->total_s = stats->steps[0].compute_s;
-      if (stats->on_step) stats->on_step(1, 1);
-    }
     return;
   }
 
@@ -764,7 +773,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     if (s < last)
       ex_kv->start(kv->data, kv->count(nk), kv_next->data, kv_next->count(map.k_length(incoming)), 2 * s);
     const std::string err = detail::capture([&] {
-      if (ring.fault_at(s)) kfa::detail::fail("kfa::dist: fault injected at ring step ", s, " on rank ", me, " (KFA_RING_FAULT)");
+      detail::injected_fault(ring, s);
       Kokkos::deep_copy(space, Kokkos::subview(loc->data, std::make_pair(std::size_t(0), loc->count(nk))), Acc(0));
       const auto kt = kv->tile(nk, 0), vt = kv->tile(nk, 1);      // element type T
       const auto dkl = loc->tile(nk, 0), dvl = loc->tile(nk, 1);  // accumulation type
