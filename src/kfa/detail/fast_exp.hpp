@@ -18,30 +18,31 @@ namespace detail {
 
 /// exp on the reduced range, shared by the scalar form and the vector form (V = float or double, or a
 /// vector of them): sets t = xc·log2(e) + magic (n = t − magic is xc·log2(e) rounded, sitting in t's low
-/// mantissa bits) and returns exp(r), r = xc − n·ln2, by Taylor polynomial. xc is already clamped.
+/// mantissa bits) and p = exp(r), r = xc − n·ln2, by Taylor polynomial. xc is already clamped. Results by
+/// reference: a vector returned by value draws GCC -Wpsabi notes in baseline (non-AVX) instances.
 template <class V>
-KOKKOS_FORCEINLINE_FUNCTION V exp_reduced_f32(const V& xc, V& t) {
+KOKKOS_FORCEINLINE_FUNCTION void exp_reduced_f32(const V& xc, V& t, V& p) {
   t = xc * 1.44269504088896341f + 12582912.0f;  // 1.5·2^23
   const V n = t - 12582912.0f;
   V r = xc - n * 0.693145751953125f;  // ln2 split in two: n·ln2_hi is exact
   r = r - n * 1.428606765330187045e-06f;
   // Taylor to degree 7 on |r| ≤ ln2/2: truncation < 2e-9 relative.
-  V p = r * 1.98412698e-4f + 1.38888889e-3f;
+  p = r * 1.98412698e-4f + 1.38888889e-3f;
   p = p * r + 8.33333333e-3f;
   p = p * r + 4.16666667e-2f;
   p = p * r + 1.66666667e-1f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
-  return p * r + 1.0f;
+  p = p * r + 1.0f;
 }
 template <class V>
-KOKKOS_FORCEINLINE_FUNCTION V exp_reduced_f64(const V& xc, V& t) {
+KOKKOS_FORCEINLINE_FUNCTION void exp_reduced_f64(const V& xc, V& t, V& p) {
   t = xc * 1.4426950408889634074 + 6755399441055744.0;  // 1.5·2^52
   const V n = t - 6755399441055744.0;
   V r = xc - n * 6.93147180369123816490e-01;
   r = r - n * 1.90821492927058770002e-10;
   // Taylor to degree 13 on |r| ≤ ln2/2: truncation < 2e-17 relative.
-  V p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+  p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
   p = p * r + 1.0 / 39916800.0;
   p = p * r + 1.0 / 3628800.0;
   p = p * r + 1.0 / 362880.0;
@@ -53,7 +54,7 @@ KOKKOS_FORCEINLINE_FUNCTION V exp_reduced_f64(const V& xc, V& t) {
   p = p * r + 1.0 / 6.0;
   p = p * r + 0.5;
   p = p * r + 1.0;
-  return p * r + 1.0;
+  p = p * r + 1.0;
 }
 
 KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
@@ -65,8 +66,8 @@ KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
   const float lo = -87.0f, hi = 88.0f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;  // NaN passes both compares unchanged and propagates through p
-  float t;
-  const float p = exp_reduced_f32(xc, t);
+  float t, p;
+  exp_reduced_f32(xc, t, p);
   // Unsigned arithmetic: for NaN input t's bits are arbitrary and must wrap, not overflow.
   std::uint32_t tb;
   std::memcpy(&tb, &t, sizeof(tb));
@@ -85,8 +86,8 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
   const double lo = -708.0, hi = 709.0, magic = 6755399441055744.0;  // 1.5·2^52
   double xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  double t;
-  const double p = exp_reduced_f64(xc, t);
+  double t, p;
+  exp_reduced_f64(xc, t, p);
   std::uint64_t tb, mb;
   std::memcpy(&tb, &t, sizeof(tb));
   std::memcpy(&mb, &magic, sizeof(mb));
@@ -123,10 +124,10 @@ __attribute__((always_inline)) inline void fast_exp_vec(V& x) {
   V t, p;
   U bits;
   if constexpr (f32) {
-    p = exp_reduced_f32(xc, t);
+    exp_reduced_f32(xc, t, p);
     bits = ((U)t - 0x4B400000u + 127u) << 23;
   } else {
-    p = exp_reduced_f64(xc, t);
+    exp_reduced_f64(xc, t, p);
     bits = ((U)t - (U)magic + 1023u) << 52;
   }
   const V y = p * (V)bits;
