@@ -2,9 +2,10 @@
 // central finite differences of the forward in double precision.
 //
 //   kfa_example_backward          (no options but --help and Kokkos' own --kokkos-*)
-#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
+
+#include "cli.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -16,16 +17,8 @@ int main(int argc, char** argv) {
     CLI::App app{"kfa backward example: gradients of a small causal GQA problem checked against central finite "
                  "differences (no options; Kokkos options: --kokkos-*)",
                  "kfa_example_backward"};
-    std::vector<char*> mine;
-    for (int i = 0; i < argc; ++i)
-      if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
-    try {
-      app.parse(static_cast<int>(mine.size()), mine.data());
-    } catch (const CLI::ParseError& e) {
-      if (e.get_exit_code() == 0) return app.exit(e), 0;
-      std::fprintf(stderr, "kfa_example_backward: %s\nRun with --help for the options.\n", e.what());
-      return 2;
-    }
+    const int parsed = kfa_cli::parse_command_line(app, argc, argv);
+    if (parsed >= 0) return parsed;
   }
   Kokkos::ScopeGuard guard(argc, argv);
   using Exec = Kokkos::DefaultExecutionSpace;

@@ -4,9 +4,10 @@
 //                       [--check K] [--repeat R]
 //
 // Prints the tiles kfa chose, the time per call, GFLOP/s and the largest error of K checked rows.
-#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
+
+#include "cli.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -19,35 +20,8 @@
 #include <vector>
 
 namespace {
-// Command line (CLI11): numbers must be whole and in range, unknown options are refused (exit 2, with a
-// message naming the option and the value); Kokkos' own --kokkos-* options are left to Kokkos.
-CLI::Validator integer(long long lo, long long hi, const std::string& what) {
-  return CLI::Validator(
-      [=](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const long long x = std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) return "must be " + what + ", got '" + s + "'";
-        return std::string();
-      },
-      what);
-}
-// -1: go on; 0: --help was printed; 2: a bad argument (message on stderr).
-int parse_command_line(CLI::App& app, int argc, char** argv) {
-  for (CLI::Option* o : app.get_options())  // a repeated option: the last one wins
-    if (o->get_items_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  std::vector<char*> mine;
-  for (int i = 0; i < argc; ++i)
-    if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
-  try {
-    app.parse(static_cast<int>(mine.size()), mine.data());
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e), 0;
-    std::fprintf(stderr, "%s: %s\nRun with --help for the options.\n", app.get_name().c_str(), e.what());
-    return 2;
-  }
-  return -1;
-}
+using kfa_cli::integer;
+using kfa_cli::parse_command_line;
 }  // namespace
 
 int main(int argc, char** argv) {

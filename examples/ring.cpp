@@ -2,9 +2,10 @@
 // and backward, each rank checking a few of its rows against float64 computed from the whole sequence.
 //
 //   mpirun -n P kfa_example_ring [--seq N] [--heads H] [--head-dim D]
-#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/dist/dist.hpp>
+
+#include "cli.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -23,17 +24,7 @@ int main(int argc, char** argv) {
   int heads = 4, d = 64;
   {  // Every rank parses the same command line and so ends the same way; rank 0 speaks.
     const long long big = 1LL << 30;
-    auto integer = [](long long lo, long long hi, const std::string& what) {
-      return CLI::Validator(
-          [=](std::string& s) -> std::string {
-            errno = 0;
-            char* end = nullptr;
-            const long long x = std::strtoll(s.c_str(), &end, 10);
-            if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) return "must be " + what + ", got '" + s + "'";
-            return std::string();
-          },
-          what);
-    };
+    using kfa_cli::integer;
     const std::string positive = "a positive integer (at most " + std::to_string(big) + ")";
     CLI::App app{"kfa ring attention example: one causal sequence sharded over the MPI ranks (zigzag), forward and "
                  "backward, checked against float64 (Kokkos options: --kokkos-*)",
@@ -41,25 +32,12 @@ int main(int argc, char** argv) {
     app.add_option("--seq", seq, "sequence length, at least 2 x ranks")->check(integer(1, big, positive))->capture_default_str();
     app.add_option("--heads", heads, "heads")->check(integer(1, big, positive))->capture_default_str();
     app.add_option("--head-dim", d, "head dim")->check(integer(1, 1024, "a positive integer (at most 1024)"))->capture_default_str();
-    for (CLI::Option* o : app.get_options())  // a repeated option: the last one wins
-      if (o->get_items_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    std::vector<char*> mine;
-    for (int i = 0; i < argc; ++i)
-      if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
-    int exit_now = -1;
-    try {
-      app.parse(static_cast<int>(mine.size()), mine.data());
-      if (seq < 2L * nranks) {
-        if (rank == 0)
-          std::fprintf(stderr, "kfa_example_ring: --seq %ld is shorter than 2 x %d ranks (the zigzag layout gives every "
-                       "rank two chunks)\n", seq, nranks);
-        exit_now = 2;
-      }
-    } catch (const CLI::ParseError& e) {
-      exit_now = e.get_exit_code() == 0 ? 0 : 2;
-      if (rank == 0 && exit_now == 0) app.exit(e);
-      if (rank == 0 && exit_now == 2)
-        std::fprintf(stderr, "kfa_example_ring: %s\nRun with --help for the options.\n", e.what());
+    int exit_now = kfa_cli::parse_command_line(app, argc, argv, rank != 0);
+    if (exit_now < 0 && seq < 2L * nranks) {
+      if (rank == 0)
+        std::fprintf(stderr, "kfa_example_ring: --seq %ld is shorter than 2 x %d ranks (the zigzag layout gives every "
+                     "rank two chunks)\n", seq, nranks);
+      exit_now = 2;
     }
     if (exit_now >= 0) {
       MPI_Finalize();

@@ -2,9 +2,10 @@
 // Helpers shared by the benchmarks: Kokkos Tools memory high-water, median timing with fences, the
 // KokkosBlas::gemm ceiling of the same backend, argument parsing (CLI11: numbers validated, unknown options
 // refused, Kokkos' own --kokkos-* options left to Kokkos).
-#include <CLI/CLI.hpp>
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
+
+#include "../examples/cli.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -50,57 +51,9 @@ inline void reset_peak() {
 }
 inline double peak_mib() { return g_peak / 1048576.0; }
 
-// Validators that name the value they refuse (CLI11 prefixes the option): "--heads: must be a positive
-// integer (at most 1073741824), got 'abc'". The whole string must be the number.
-inline CLI::Validator integer(long long lo, long long hi, const std::string& what) {
-  return CLI::Validator(
-      [=](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const long long x = std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) return "must be " + what + ", got '" + s + "'";
-        return std::string();
-      },
-      what);
-}
-inline CLI::Validator positive_int(long long hi = 1LL << 30) {
-  return integer(1, hi, "a positive integer (at most " + std::to_string(hi) + ")");
-}
-inline CLI::Validator nonnegative_int(long long hi = 1LL << 30) {
-  return integer(0, hi, "an integer in [0, " + std::to_string(hi) + "]");
-}
-inline CLI::Validator positive_real() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(x) || x <= 0) return "must be a positive finite number, got '" + s + "'";
-        return std::string();
-      },
-      "a positive number");
-}
-
-// Parses the command line with `app`, Kokkos' own --kokkos-* options (--kokkos-threads=4, ...) left for
-// Kokkos::ScopeGuard. Returns -1 to go on, 0 after --help (printed on stdout), 2 after a bad or unknown
-// argument (the message, naming the option and the value, on stderr).
-inline int parse_command_line(CLI::App& app, int argc, char** argv) {
-  for (CLI::Option* o : app.get_options())  // a repeated single-value option: the last one wins, as before
-    if (o->get_items_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  std::vector<char*> mine;
-  for (int i = 0; i < argc; ++i)
-    if (i == 0 || std::strncmp(argv[i], "--kokkos-", 9) != 0) mine.push_back(argv[i]);
-  try {
-    app.parse(static_cast<int>(mine.size()), mine.data());
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) {  // --help
-      app.exit(e);
-      return 0;
-    }
-    std::fprintf(stderr, "%s: %s\nRun with --help for the options.\n", app.get_name().c_str(), e.what());
-    return 2;
-  }
-  return -1;
-}
+// The command-line helpers shared with the examples (integer, positive_int, nonnegative_int, positive_real,
+// parse_command_line).
+using namespace kfa_cli;
 
 // Runs `body` (after Kokkos is up), turning what it throws into a message and an exit status instead of an
 // abort: 2 for a kfa::Error (arguments kfa refuses: an unsupported head dim, ...), 1 for anything else

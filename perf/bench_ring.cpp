@@ -143,7 +143,6 @@ int main(int argc, char** argv) {
   bool causal = false, backward = false, steps = false;
   std::string dtype = "float32", layout_name = "contiguous";
   std::size_t max_msg = 0;
-  // Every rank parses the same command line and reaches the same verdict; rank 0 alone prints it.
   CLI::App app("Ring attention benchmark (run under mpirun)", "kfa_bench_ring");
   app.add_option("--tokens-per-rank", per_rank, "weak scaling: tokens per rank")->check(kfa_bench::positive_int(1LL << 40));
   app.add_option("--seq", seq, "strong scaling: the whole sequence (overrides --tokens-per-rank)")
@@ -160,19 +159,8 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", causal, "causal mask");
   app.add_flag("--backward", backward, "forward + backward");
   app.add_flag("--steps", steps, "per-step table");
-  int st = -1;
-  if (rank == 0) {
-    st = kfa_bench::parse_command_line(app, argc, argv);
-  } else {  // the same verdict, silently (rank 0 prints it)
-    std::vector<char*> mine;
-    for (int i = 0; i < argc; ++i)
-      if (i == 0 || std::string(argv[i]).rfind("--kokkos-", 0) != 0) mine.push_back(argv[i]);
-    try {
-      app.parse(static_cast<int>(mine.size()), mine.data());
-    } catch (const CLI::ParseError& e) {
-      st = e.get_exit_code() == 0 ? 0 : 2;
-    }
-  }
+  // Every rank parses the same command line and reaches the same verdict; rank 0 alone prints it.
+  const int st = kfa_bench::parse_command_line(app, argc, argv, rank != 0);
   if (st >= 0) {
     MPI_Finalize();
     return st;
