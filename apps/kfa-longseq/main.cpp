@@ -653,13 +653,19 @@ int run(const Config& c, MPI_Comm comm) {
 // Why the outputs cannot be written safely, or "": each must name a file in an existing writable directory,
 // and none may be the same file as --input or as another output (device + inode after links; directory +
 // name for a file not created yet), or the run would destroy the input or its own result.
-std::string output_problems(const Config& c) {
+std::string output_problems(const Config& c, int ranks) {
   struct Named { const char* option; const std::string* path; };
   std::vector<Named> outs;
   if (!c.output.empty()) outs.push_back({"--output", &c.output});
   if (!c.json.empty()) outs.push_back({"--json", &c.json});
   for (const auto& o : outs) {
     const std::string p = kfa::io::output_path_problem(o.option, *o.path);
+    if (!p.empty()) return p;
+  }
+  // The HDF5 output's temporary is what MPI-IO opens (its longest id: 8 digits).
+  if (!c.output.empty()) {
+    const std::string p = kfa::io::mpi_io_path_problem("--output " + c.output + ": its temporary",
+                                                       kfa::io::temporary_path(c.output, 99999999), ranks);
     if (!p.empty()) return p;
   }
   if (!c.input.empty()) {
@@ -700,6 +706,8 @@ void warn_stale_temporaries(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // No shared file pointers here: without Open MPI 4's lockedfile component, paths of any legal length open.
+  kfa::io::avoid_shared_file_pointer_components();
   MPI_Init(&argc, &argv);
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -761,7 +769,9 @@ int main(int argc, char** argv) {
     if (app.count("--json") > 0 && c.json.empty()) throw CLI::ValidationError("--json needs a file name (got an empty string)");
     if (app.count("--check-tol") > 0 && c.check == 0) throw CLI::ValidationError("--check-tol needs --check K");
     // Decided on rank 0 and broadcast, so every rank ends the same way before any work.
-    std::string problem = rank == 0 ? output_problems(c) : std::string();
+    int ranks = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    std::string problem = rank == 0 ? output_problems(c, ranks) : std::string();
     long len = static_cast<long>(problem.size());
     MPI_Bcast(&len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
     problem.resize(static_cast<size_t>(len));

@@ -22,19 +22,43 @@ MPI = sys.argv[2:]
 FAILURES = []
 
 
-def run(np_, *args, timeout=300, cwd=None):
+def run(np_, *args, timeout=300, cwd=None, env=None):
     """Runs the app on np_ ranks; a run past `timeout` s is killed (its whole process group) and returns 124,
-    so a hang fails the test instead of blocking it."""
+    so a hang fails the test instead of blocking it. `env`: variables added to the environment."""
     cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                         start_new_session=True)
+                         start_new_session=True, env=dict(os.environ, **(env or {})))
     try:
         out, _ = p.communicate(timeout=timeout)
         return p.returncode, out
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        kill_session(p.pid)
         out, _ = p.communicate()
         return 124, (out or "") + f"\n[killed after {timeout} s: hang]"
+
+
+def kill_session(sid):
+    """SIGKILL to every process of session `sid` (a Popen with start_new_session=True): mpirun and the ranks.
+    Open MPI puts each rank in a process group of its own, so killpg(mpirun) would leave the ranks running."""
+    for _ in range(50):
+        left = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                left += 1
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    pass
+        if not left:
+            return
+        time.sleep(0.05)
 
 
 def sha256(path):
@@ -203,6 +227,96 @@ def output_safety(tmp):
     out_hash = sha256(out)
 
     full_filesystem(d)
+
+
+def open_mpi_4():
+    """True when the MPI launcher is Open MPI 4.x (whose MPI-IO aborts on paths longer than ~244 characters)."""
+    try:
+        v = subprocess.run([MPI[0], "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return ("Open MPI" in v or "OpenRTE" in v) and " 4." in v
+
+
+def long_names_and_debris(tmp):
+    """Issue 15, items 10 and 11. A legal 250-character output name (and JSON name) works and the result has
+    exactly the user's name (c8edcdf: SIGABRT in Open MPI 4.1's shared file-pointer component; later "File
+    name too long" for the temporary); an input whose absolute path has ~300 characters is read; a name over
+    NAME_MAX is refused before the run; with Open MPI's lockedfile component selected on purpose, a path it
+    cannot take is refused with the limit, not a SIGABRT. A run killed while writing leaves its temporary,
+    and the next run writing the same output names it."""
+    d = os.path.join(tmp, "names")
+    os.makedirs(d)
+    name = "n" * 246 + ".h5"
+    jname = "j" * 245 + ".json"
+    for np_ in (1, 2):
+        rc, log = run(np_, *GEN, "--output", name, "--json", jname, "--check", 2, cwd=d, timeout=120)
+        ok = rc == 0 and os.path.exists(os.path.join(d, name)) and os.path.exists(os.path.join(d, jname))
+        if ok:
+            with h5py.File(os.path.join(d, name), "r") as f:
+                ok = f["o"].shape == (1, 128, 2, 16) and bool(np.isfinite(f["o"][...]).all())
+            ok = ok and json.load(open(os.path.join(d, jname)))["ranks"] == np_
+        check(ok and not temporaries(d) and "Aborted" not in log,
+              f"names: --output of 250 characters, --json of 250, P={np_}: exit {rc} (want 0), both written under the "
+              f"user's names, no temporary left: {not temporaries(d)}")
+        if not ok:
+            print(log[-3000:])
+    # An input deep in a directory tree: its absolute path is longer than Open MPI 4's 244.
+    deep = os.path.join(d, "x" * 120, "y" * 120)
+    os.makedirs(deep)
+    inp = os.path.join(deep, "in.h5")
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 64, 2, 16)).astype(np.float32) for _ in range(3))
+    with h5py.File(inp, "w") as f:
+        f["q"], f["k"], f["v"] = q, k, v
+    out = os.path.join(deep, "out.h5")
+    rc, log = run(2, "--input", inp, "--output", out, timeout=120)
+    ok = rc == 0 and os.path.exists(out)
+    if ok:
+        with h5py.File(out, "r") as f:
+            ok = rel(f["o"][...], reference(q, k, v, q, causal=False)[0]) <= 1e-5
+    check(ok and len(inp) > 250, f"names: --input and --output with absolute paths of {len(inp)} characters, P=2: "
+                                 f"exit {rc} (want 0), o correct: {ok}")
+    if not ok:
+        print(log[-3000:])
+    rc, log = run(2, *GEN, "--output", "o" * 253 + ".h5", cwd=d, timeout=60)
+    check(rc == 2 and "NAME_MAX" in log and "256 characters" in log and "TFLOP/s" not in log,
+          f"names: --output of 256 characters refused before the run: exit {rc} (want 2), names NAME_MAX")
+    if open_mpi_4():
+        for what, args in (("--input", ("--input", inp)), ("--output", (*GEN, "--output", out))):
+            rc, log = run(2, *args, timeout=60, env={"OMPI_MCA_sharedfp": "lockedfile"})
+            said = "aborts MPI_File_open on paths longer than 244" in log and what in log
+            check(rc == 2 and said and "Aborted" not in log and "TFLOP/s" not in log,
+                  f"names: OMPI_MCA_sharedfp=lockedfile, {what} path of {len(out)}+ characters: exit {rc} (want 2, "
+                  f"not SIGABRT), names the limit: {said}")
+            if rc != 2 or not said:
+                print(log[-3000:])
+    else:
+        print("skip the Open MPI 4 lockedfile path-limit cases: the launcher is not Open MPI 4")
+
+    # Item 10: SIGKILL while the output is being written leaves <output>.tmp-*; the next run names it.
+    kd = os.path.join(d, "killed")
+    os.makedirs(kd)
+    killed = os.path.join(kd, "out.h5")
+    cmd = MPI[:1] + ["-n", "1"] + MPI[1:] + [APP, "--generate", "--batch", "16", "--seqlen", "1024", "--heads", "8",
+                                             "--head-dim", "64", "--output", killed]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.time()
+    while not temporaries(kd) and p.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.001)
+    kill_session(p.pid)  # the rank itself, as a node failure or the OOM killer would
+    p.wait()
+    time.sleep(1)  # an orphaned rank would have finished and renamed its temporary by now
+    debris = sorted(temporaries(kd))
+    check(debris and not os.path.exists(killed),
+          f"names: SIGKILL while writing: no output, the temporary left behind ({debris}; want at least one)")
+    if debris:
+        rc, log = run(1, *GEN, "--output", killed, timeout=60)
+        named = all(os.path.join(kd, x) in log for x in debris)
+        check(rc == 0 and named and "did not finish" in log and all(os.path.exists(os.path.join(kd, x)) for x in debris),
+              f"names: the next run names the killed run's temporaries in a warning (exit {rc}, named: {named})")
+        if not named:
+            print(log[-3000:])
 
 
 def collective_metadata(tmp):
@@ -623,6 +737,7 @@ def main():
     check(rc == 2 and "/nonexistent_dir" in log and "does not exist" in log, "missing output directory")
 
     output_safety(tmp)
+    long_names_and_debris(tmp)
     collective_metadata(tmp)
     sizes_and_options(tmp)
     ring_faults(tmp)
@@ -639,7 +754,7 @@ def main():
                                              "64", "--output", killed]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     time.sleep(3)
-    os.killpg(p.pid, signal.SIGKILL)
+    kill_session(p.pid)  # mpirun and the ranks (killpg(mpirun) left the ranks computing, orphaned)
     p.wait()
     check(not os.path.exists(killed), "killed run leaves no output file")
 

@@ -74,14 +74,36 @@ inline std::string output_path_problem(const std::string& option, const std::str
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return option + " " + path + ": directory " + dir + " is not writable (" + std::strerror(errno) + ")";
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return option + " " + path + ": is a directory";
+  // A name the file system cannot hold would fail only at the final rename, after all the work.
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const std::string base = base_name(path);
+  if (name_max > 0 && static_cast<long>(base.size()) > name_max)
+    return option + " " + path + ": the file name has " + std::to_string(base.size()) +
+           " characters; the file system holding " + dir + " allows at most " + std::to_string(name_max) + " (NAME_MAX)";
   return "";
 }
 
-/// Names of files `<name>.tmp-*` beside `path`: temporaries of an earlier run that was killed before it
-/// could remove them (or of a run writing the same output right now).
+/// The name part of `path`'s temporaries, before ".tmp-<id>": the name itself when it has at most 96
+/// characters, else its first 80 and a hash of all of it ("<80 chars>~1a2b3c4d"). Short because the
+/// temporary is what MPI-IO opens: Open MPI 4.1's shared file-pointer components build file names of their
+/// own from it (`<path>.locktest.<rank>` in a 256-byte buffer, which overflows and aborts the job;
+/// `<name>_cid-<c>-<pid>.sm`), and `<name>.tmp-<id>.reserve` must stay within NAME_MAX (255) for any
+/// legal output name. The output is renamed to the user's name at the end.
+inline std::string temporary_stem(const std::string& path) {
+  const std::string base = base_name(path);
+  if (base.size() <= 96) return base;
+  unsigned long long h = 1469598103934665603ULL;  // FNV-1a: distinct long names keep distinct temporaries
+  for (unsigned char ch : base) h = (h ^ ch) * 1099511628211ULL;
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "~%08llx", h & 0xffffffffULL);
+  return base.substr(0, 80) + hex;
+}
+
+/// Names of files `<stem>.tmp-*` beside `path` (temporary_stem): temporaries of an earlier run that was
+/// killed before it could remove them (or of a run writing the same output right now).
 inline std::vector<std::string> stale_temporaries(const std::string& path) {
   std::vector<std::string> out;
-  const std::string dir = parent_directory(path), prefix = base_name(path) + ".tmp-";
+  const std::string dir = parent_directory(path), prefix = temporary_stem(path) + ".tmp-";
   if (DIR* d = ::opendir(dir.c_str())) {
     while (const dirent* e = ::readdir(d)) {
       const std::string n = e->d_name;
@@ -104,8 +126,13 @@ inline std::string full_filesystem_hint(const std::string& path) {
   return "; the file system holding " + dir + " is full (no space left on device: " + b + " bytes free)";
 }
 
-/// The temporary of `path` for one run, `<path>.tmp-<id>` (the caller broadcasts `id` so every rank agrees).
-inline std::string temporary_path(const std::string& path, long id) { return path + ".tmp-" + std::to_string(id); }
+/// The temporary of `path` for one run, `<dir>/<stem>.tmp-<id>` in `path`'s directory (temporary_stem: the
+/// name itself unless it is long); the caller broadcasts `id` so every rank agrees.
+inline std::string temporary_path(const std::string& path, long id) {
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+  return dir + temporary_stem(path) + ".tmp-" + std::to_string(id);
+}
 
 /// Writes `text` to `tmp` (created exclusively) and flushes it to disk; "" or what failed (errno text).
 /// The caller renames `tmp` over the final path with commit_temporary() or removes it.

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -39,6 +40,61 @@ constexpr bool parallel_hdf5() {
 #endif
 }
 inline const char* io_mode() { return parallel_hdf5() ? "parallel HDF5 (collective MPI-IO)" : "serial HDF5 (rank-0 I/O)"; }
+
+/// "4.1.4" (Open MPI) or the MPI standard version ("3.1") of other MPIs: for messages and reports.
+inline std::string mpi_library_version() {
+#ifdef OMPI_MAJOR_VERSION
+  return std::to_string(OMPI_MAJOR_VERSION) + "." + std::to_string(OMPI_MINOR_VERSION) + "." +
+         std::to_string(OMPI_RELEASE_VERSION);
+#else
+  return std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION);
+#endif
+}
+
+/// Longest path (in characters, as handed to MPI_File_open) that this MPI's MPI-IO opens without aborting
+/// the job, for a communicator of `comm_size` ranks; 0: no limit known. Open MPI before 5.0 queries its
+/// "lockedfile" shared file-pointer component on every MPI_File_open, which writes
+/// `<path>.locktest.<rank>` into a 256-byte stack buffer (sprintf): a longer path is a buffer overflow and
+/// SIGABRT inside MPI. Not a limit when that component is deselected (OMPI_MCA_sharedfp, as `mpirun --mca
+/// sharedfp ^lockedfile` sets it; see avoid_shared_file_pointer_components()) or when I/O is serial.
+inline std::size_t mpi_io_path_limit(int comm_size) {
+#if defined(KFA_IO_PARALLEL) && defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION < 5
+  if (const char* sel = std::getenv("OMPI_MCA_sharedfp")) {
+    const std::string v(sel);
+    const bool listed = v.find("lockedfile") != std::string::npos;
+    if (!v.empty() && (v[0] == '^' ? listed : !listed)) return 0;  // lockedfile excluded / not included
+  }
+  const std::size_t digits = std::to_string(comm_size > 0 ? comm_size - 1 : 0).size();
+  return 256 - 1 - std::strlen(".locktest.") - digits;
+#else
+  (void)comm_size;
+  return 0;
+#endif
+}
+
+/// "" when MPI-IO can open `path` (mpi_io_path_limit), else a message naming the length, the limit and
+/// what to do; `option` names the path for the user ("--input").
+inline std::string mpi_io_path_problem(const std::string& option, const std::string& path, int comm_size) {
+  const std::size_t limit = mpi_io_path_limit(comm_size);
+  if (limit == 0 || path.size() <= limit) return "";
+  return "kfa::io: " + option + ": the path " + path + " has " + std::to_string(path.size()) +
+         " characters, but Open MPI " + mpi_library_version() + " aborts MPI_File_open on paths longer than " +
+         std::to_string(limit) + " (its 'lockedfile' shared file-pointer component appends '.locktest.<rank>' in a " +
+         "256-byte buffer); use a shorter path (a relative one counts as given) or deselect that component " +
+         "(mpirun --mca sharedfp ^lockedfile, or OMPI_MCA_sharedfp=^lockedfile); nothing was read or written";
+}
+
+/// For programs that never use MPI shared file pointers (kfa::io does not): deselects Open MPI's
+/// "lockedfile" shared file-pointer component, unless the user chose (OMPI_MCA_sharedfp is set), so paths
+/// of any legal length open (mpi_io_path_limit). Open MPI 4.1 needs some component to open a file at all:
+/// "sm" remains (its files live in Open MPI's session directory) and "individual" where sm cannot run
+/// (ranks on several nodes; it writes `<file>.data.<rank>` beside a file opened for writing, removed at
+/// close). Call before MPI_Init; a no-op for other MPIs.
+inline void avoid_shared_file_pointer_components() {
+#ifdef OMPI_MAJOR_VERSION
+  ::setenv("OMPI_MCA_sharedfp", "^lockedfile", 0);
+#endif
+}
 
 /// Element type of a dataset in the file.
 enum class FileType { float64, float32, float16, other };
@@ -214,6 +270,8 @@ class Reader {
       else if (H5Fis_hdf5(path.c_str()) <= 0)
         err = "kfa::io: --input " + path + ": not an HDF5 file or truncated (" + std::to_string(st.st_size) +
               " bytes; no HDF5 signature found)";
+      else
+        err = mpi_io_path_problem("--input", path, m_size);  // H5Fopen hands the path to MPI-IO
     }
     detail::agree(comm, err);  // every rank knows before the collective H5Fopen
     if (parallel_hdf5() || m_rank == 0) {
@@ -399,6 +457,8 @@ class Writer {
     MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
     m_tmp = kfa::io::temporary_path(path, id);
     m_reserve = m_tmp + ".reserve";
+    // The temporary's name is short (temporary_stem); its directory may still make the path too long.
+    detail::agree(comm, mpi_io_path_problem("--output " + path + ": its temporary", m_tmp, m_size));
     std::string err;
     if (m_rank == 0) err = reserve(expected_bytes);
     agree(err);
