@@ -1,7 +1,7 @@
 // kfa backward example: gradients of L = sum(O * dO) for a small causal GQA problem, checked against
 // central finite differences of the forward in double precision.
 //
-//   kfa_example_backward          (no options but --help and Kokkos' own --kokkos-*)
+//   kfa_example_backward          (no options but --help and Kokkos' own --kokkos-*, listed by --kokkos-help)
 #include <Kokkos_Random.hpp>
 #include <kfa/kfa.hpp>
 
@@ -15,12 +15,14 @@
 int main(int argc, char** argv) {
   {  // --help prints and exits; anything but Kokkos' own --kokkos-* options is refused (exit 2)
     CLI::App app{"kfa backward example: gradients of a small causal GQA problem checked against central finite "
-                 "differences (no options; Kokkos options: --kokkos-*)",
+                 "differences (no options; Kokkos' options --kokkos-*: --kokkos-help)",
                  "kfa_example_backward"};
     const int parsed = kfa_cli::parse_command_line(app, argc, argv);
     if (parsed >= 0) return parsed;
   }
+  const bool kokkos_help = kfa_cli::asks_kokkos_help(argc, argv);
   Kokkos::ScopeGuard guard(argc, argv);
+  if (kokkos_help) return 0;  // Kokkos printed its options; nothing runs
   using Exec = Kokkos::DefaultExecutionSpace;
   using V4 = Kokkos::View<double****, Exec::memory_space>;
   // q [1, 12, 4, 16]; k, v [1, 12, 2, 16]: two query heads share each key/value head (GQA).

@@ -1,7 +1,7 @@
 #pragma once
 // Command lines of kfa's examples and benchmarks (CLI11), in one place: numbers must be whole and in range,
 // unknown options are refused (exit 2, with a message naming the option and the value), --help prints and
-// exits 0, and Kokkos' own --kokkos-* options are left for Kokkos::ScopeGuard.
+// exits 0, and Kokkos' own --kokkos-* options are left for Kokkos::ScopeGuard (--kokkos-help: see asks_kokkos_help).
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
@@ -65,6 +65,15 @@ inline int parse_command_line(CLI::App& app, int argc, char** argv, bool quiet =
     return 2;
   }
   return -1;
+}
+
+// Kokkos::ScopeGuard prints Kokkos' options for --kokkos-help and then lets the program run on. A program asked
+// for help should not run: test this before the ScopeGuard (Kokkos removes the option from argv) and return 0
+// right after constructing it.
+inline bool asks_kokkos_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--kokkos-help") == 0) return true;
+  return false;
 }
 
 }  // namespace kfa_cli

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   const long long big = 1LL << 30;
   const std::string positive = "a positive integer (at most " + std::to_string(big) + ")";
   CLI::App app{"kfa forward example: exact attention over one sequence, checked against float64 rows "
-               "(Kokkos options: --kokkos-*)",
+               "(Kokkos' options --kokkos-*: --kokkos-help)",
                "kfa_example_forward"};
   app.add_option("--seq", seq, "sequence length")->check(integer(1, big, positive))->capture_default_str();
   app.add_option("--batch", batch, "batch")->check(integer(1, big, positive))->capture_default_str();
@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kfa_example_forward: --heads %d is not a multiple of --kv-heads %d\n", heads, kv_heads);
     return 2;
   }
+  const bool kokkos_help = kfa_cli::asks_kokkos_help(argc, argv);
   Kokkos::ScopeGuard guard(argc, argv);
+  if (kokkos_help) return 0;  // Kokkos printed its options; nothing runs
   using Exec = Kokkos::DefaultExecutionSpace;
   using View4 = Kokkos::View<float****, Exec::memory_space>;
   int status = 0;

@@ -7,6 +7,7 @@
 
 #include "cli.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
     using kfa_cli::integer;
     const std::string positive = "a positive integer (at most " + std::to_string(big) + ")";
     CLI::App app{"kfa ring attention example: one causal sequence sharded over the MPI ranks (zigzag), forward and "
-                 "backward, checked against float64 (Kokkos options: --kokkos-*)",
+                 "backward, checked against float64 (Kokkos' options --kokkos-*: --kokkos-help)",
                  "kfa_example_ring"};
     app.add_option("--seq", seq, "sequence length, at least 2 x ranks")->check(integer(1, big, positive))->capture_default_str();
     app.add_option("--heads", heads, "heads")->check(integer(1, big, positive))->capture_default_str();
@@ -44,7 +45,15 @@ int main(int argc, char** argv) {
       return exit_now;
     }
   }
-  {
+  const bool kokkos_help = kfa_cli::asks_kokkos_help(argc, argv);
+  if (kokkos_help) {  // Kokkos prints its options (on rank 0 only); nothing runs
+    std::vector<char*> args(argv, argv + argc);
+    if (rank != 0)
+      args.erase(std::remove_if(args.begin(), args.end(), [](char* a) { return std::strcmp(a, "--kokkos-help") == 0; }),
+                 args.end());
+    int nargs = static_cast<int>(args.size());
+    Kokkos::ScopeGuard guard(nargs, args.data());
+  } else {
     Kokkos::ScopeGuard guard(argc, argv);
     using Exec = Kokkos::DefaultExecutionSpace;
     using V4 = Kokkos::View<float****, Exec::memory_space>;

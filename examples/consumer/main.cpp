@@ -3,9 +3,24 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 int main(int argc, char** argv) {
+  bool kokkos_help = false;
+  for (int i = 1; i < argc; ++i) {  // no options of its own but --help; Kokkos' --kokkos-* pass through
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("kfa_consumer: one forward through an installed kfa, one value checked by hand\n"
+                  "Usage: kfa_consumer [--kokkos-*] (Kokkos' options: --kokkos-help)\n");
+      return 0;
+    }
+    if (std::strncmp(argv[i], "--kokkos-", 9) != 0) {
+      std::fprintf(stderr, "kfa_consumer: unknown argument '%s'\nRun with --help for the options.\n", argv[i]);
+      return 2;
+    }
+    kokkos_help = kokkos_help || std::strcmp(argv[i], "--kokkos-help") == 0;
+  }
   Kokkos::ScopeGuard guard(argc, argv);
+  if (kokkos_help) return 0;  // Kokkos printed its options; nothing runs
   // One query, two keys with scores 0 and log 3 (scale 1): weights 1/4 and 3/4.
   Kokkos::View<double****> q("q", 1, 1, 1, 8), k("k", 1, 2, 1, 8), v("v", 1, 2, 1, 8), o("o", 1, 1, 1, 8);
   Kokkos::View<double***> lse("lse", 1, 1, 1);
