@@ -4,6 +4,7 @@
 //   mpirun -n P kfa_bench_ring [--tokens-per-rank n | --seq N] [--heads H] [--kv-heads G] [--head-dim d]
 //                              [--layout contiguous|zigzag] [--causal] [--backward] [--reps R] [--steps]
 //                              [--dtype float32|float16|bfloat16|float64] [--max-message-bytes B]
+//                              [--transport auto|nccl|gpu-aware-mpi|staging]
 //
 // Also times attention_forward (+ attention_backward) of one rank's shard as one local call in the same
 // run ("single"): at P = 1 the ring should match it.
@@ -36,6 +37,7 @@ struct Args {
   bool causal, backward, steps;
   kfa::dist::Layout layout;
   std::size_t max_msg;
+  kfa::dist::RingTransport transport;
 };
 
 template <class T>
@@ -49,6 +51,7 @@ void run(const Args& args, int rank, int p) {
   {
     kfa::dist::Ring ring(MPI_COMM_WORLD, layout);
     if (max_msg) ring.set_max_message_bytes(max_msg);
+    if (args.transport != kfa::dist::RingTransport::automatic) ring.set_transport(args.transport);
     long n = 0;
     for (const auto& s : kfa::dist::shard_of(layout, n_total, p, rank)) n += s.length;
     using V4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;  // the tensor-core kernels need unit head-dim stride
@@ -143,6 +146,7 @@ int main(int argc, char** argv) {
   bool causal = false, backward = false, steps = false;
   std::string dtype = "float32", layout_name = "contiguous";
   std::size_t max_msg = 0;
+  std::string transport = "auto";
   CLI::App app("Ring attention benchmark (run under mpirun)", "kfa_bench_ring");
   app.add_option("--tokens-per-rank", per_rank, "weak scaling: tokens per rank")->check(kfa_bench::positive_int(1LL << 40));
   app.add_option("--seq", seq, "strong scaling: the whole sequence (overrides --tokens-per-rank)")
@@ -156,6 +160,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "float64", "float16", "bfloat16"}));
   app.add_option("--max-message-bytes", max_msg, "split ring messages into chunks of at most this many bytes")
       ->check(kfa_bench::positive_int(2147483647LL));
+  app.add_option("--transport", transport, "how device buffers travel (auto: NCCL if built, else GPU-aware MPI if "
+                 "reported, else pinned host staging)")
+      ->check(CLI::IsMember({"auto", "nccl", "gpu-aware-mpi", "staging"}));
   app.add_flag("--causal", causal, "causal mask");
   app.add_flag("--backward", backward, "forward + backward");
   app.add_flag("--steps", steps, "per-step table");
@@ -175,7 +182,12 @@ int main(int argc, char** argv) {
   const kfa::dist::Layout layout = layout_name == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
   {
     Kokkos::ScopeGuard guard(argc, argv);
-    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg};
+    using RT = kfa::dist::RingTransport;
+    const RT tr = transport == "nccl" ? RT::nccl
+                  : transport == "gpu-aware-mpi" ? RT::gpu_aware_mpi
+                  : transport == "staging" ? RT::host_staging
+                  : RT::automatic;
+    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg, tr};
     if (dtype == "float32") run<float>(a, rank, p);
     else if (dtype == "float64") run<double>(a, rank, p);
 #if KFA_HAS_HALF

@@ -202,6 +202,48 @@ TYPED_TEST(Ring, ChunkedMessages) {
   EXPECT_THROW(kfa::dist::Ring(MPI_COMM_WORLD).set_max_message_bytes(std::size_t(1) << 31), kfa::Error);
 }
 
+// The transport is resolved and reported alike on every rank: host memory always goes to MPI directly,
+// whatever was asked for device buffers; a misspelt KFA_RING_TRANSPORT is refused, not ignored.
+TEST(RingTransport, ResolvedReportedAndConfigurable) {
+  using kfa::dist::RingTransport;
+  const int p = world_size();
+  kfa::dist::Ring ring(MPI_COMM_WORLD);
+  EXPECT_EQ(ring.requested_transport(), RingTransport::automatic);
+  EXPECT_EQ(ring.resolved_transport<Kokkos::HostSpace>(), RingTransport::host_memory);
+  EXPECT_EQ(ring.transport<Kokkos::HostSpace>(), p == 1 ? "none (one rank)" : "host memory (MPI)");
+  static_assert(!kfa::dist::nccl_available<Kokkos::HostSpace>(), "NCCL is for device memory only");
+  for (const char* name : {"nccl", "staging", "gpu-aware-mpi"}) {
+    setenv("KFA_RING_TRANSPORT", name, 1);
+    kfa::dist::Ring asked(MPI_COMM_WORLD);
+    unsetenv("KFA_RING_TRANSPORT");
+    EXPECT_NE(asked.requested_transport(), RingTransport::automatic) << name;
+    EXPECT_EQ(asked.resolved_transport<Kokkos::HostSpace>(), RingTransport::host_memory) << name;
+    // the test's own buffers (device memory on GPU builds) travel the way that was asked for and reported
+    constexpr bool host_mem = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+    if (!host_mem && std::string(name) == "gpu-aware-mpi" && !kfa::dist::mpi_reports_gpu_aware()) continue;
+    Tensor<double> q("q", 1, 8, 1, 16), k("k", 1, 8, 1, 16), v("v", 1, 8, 1, 16), o("o", 1, 8, 1, 16);
+    Lse<double> lse("lse", 1, 1, 8);
+    std::mt19937_64 rng(shared_seed());
+    fill_random(q, rng), fill_random(k, rng), fill_random(v, rng);
+    kfa::dist::RingStats stats;
+    if (!host_mem && p > 1 && std::string(name) == "nccl" && !kfa::dist::nccl_available<Mem>()) {
+      EXPECT_THROW(kfa::dist::ring_attention_forward(Exec(), asked, q, k, v, o, lse, {}, &stats), kfa::Error);
+      continue;
+    }
+    kfa::dist::ring_attention_forward(Exec(), asked, q, k, v, o, lse, {}, &stats);
+    EXPECT_EQ(stats.transport, asked.transport<Mem>()) << name;
+    if (host_mem) EXPECT_EQ(stats.transport, p == 1 ? "none (one rank)" : "host memory (MPI)") << name;
+  }
+  setenv("KFA_RING_TRANSPORT", "carrier-pigeon", 1);
+  try {
+    kfa::dist::Ring bad(MPI_COMM_WORLD);
+    ADD_FAILURE() << "KFA_RING_TRANSPORT=carrier-pigeon accepted";
+  } catch (const kfa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'carrier-pigeon'; expected auto, nccl"), std::string::npos) << e.what();
+  }
+  unsetenv("KFA_RING_TRANSPORT");
+}
+
 // A failure on one rank in the middle of a ring (the KFA_RING_FAULT test hook): every rank throws the same
 // kfa::Error naming that rank and step, nobody hangs, and the ring works again afterwards.
 TEST(RingErrors, FaultInTheMiddleOfARingFailsEverywhere) {

@@ -8,11 +8,13 @@
 /// In the backward pass dQ stays local while the dK/dV accumulators travel with K/V and come home.
 /// Masks use global token positions, so causal and sliding windows are exact for any shard sizes.
 ///
-/// Transport (reported by Ring::transport() and RingStats::transport): host memory goes to MPI directly;
-/// device memory goes to MPI directly where MPI is GPU-aware, else through host staging buffers (pinned
-/// where the backend has pinned memory) allocated once per call. Messages are split into chunks of at most
-/// Ring::max_message_bytes() (default 1 GiB), so no message meets MPI's 2^31 count limit. Nothing is sent at
-/// P = 1. A failure on any rank in the middle of a ring is agreed at the end of the step: every rank
+/// Transport (RingTransport; reported by Ring::transport() and RingStats::transport): host memory goes to
+/// MPI directly. Device memory goes through NCCL where the build has it (Kokkos CUDA + NCCL found by CMake:
+/// ncclSend/ncclRecv on a stream of its own, ordered against the caller's execution-space instance with
+/// events, the communicator bootstrapped through the ring's MPI_Comm), else to MPI directly where MPI is
+/// GPU-aware, else through host staging buffers (pinned where the backend has pinned memory) kept in the
+/// Ring between calls. MPI messages are split into chunks of at most Ring::max_message_bytes() (default
+/// 1 GiB), so no message meets MPI's 2^31 count limit (NCCL counts are 64-bit). Nothing is sent at P = 1. A failure on any rank in the middle of a ring is agreed at the end of the step: every rank
 /// completes the step's transfers (no request is left posted into freed memory) and throws the same
 /// kfa::Error.
 #include <mpi.h>
@@ -24,6 +26,11 @@
 
 #include <kfa/kfa.hpp>
 #include <kfa/dist/shard.hpp>
+
+#if defined(KFA_HAVE_NCCL) && defined(KOKKOS_ENABLE_CUDA)
+#include <nccl.h>
+#define KFA_RING_NCCL 1
+#endif
 
 #include <array>
 #include <functional>
@@ -46,6 +53,34 @@ enum class GpuAwareMpi {
   yes,
   no  ///< stage device buffers through host mirrors
 };
+
+/// How a ring's buffers travel between ranks.
+enum class RingTransport {
+  automatic,      ///< host memory: MPI; device memory: NCCL if built, else GPU-aware MPI if reported, else staging
+  host_memory,    ///< (resolved only) host-accessible buffers go to MPI directly
+  nccl,           ///< device buffers through NCCL (needs a build with Kokkos CUDA and NCCL)
+  gpu_aware_mpi,  ///< device buffers to MPI directly (the MPI library must be GPU-aware)
+  host_staging    ///< device buffers copied to pinned host buffers and sent with MPI
+};
+inline const char* to_string(RingTransport t) {
+  switch (t) {
+    case RingTransport::automatic: return "automatic";
+    case RingTransport::host_memory: return "host memory (MPI)";
+    case RingTransport::nccl: return "NCCL (device memory, own stream)";
+    case RingTransport::gpu_aware_mpi: return "device memory (GPU-aware MPI)";
+    case RingTransport::host_staging: return "host staging (pinned, allocated once)";
+  }
+  return "?";
+}
+/// Whether this build can move buffers of memory space Mem with NCCL.
+template <class Mem>
+constexpr bool nccl_available() {
+#if defined(KFA_RING_NCCL)
+  return std::is_same<Mem, Kokkos::CudaSpace>::value;
+#else
+  return false;
+#endif
+}
 
 /// What the MPI library says about CUDA-aware transfers (false when it has no way to tell).
 inline bool mpi_reports_gpu_aware() {
@@ -81,6 +116,15 @@ class Ring {
     if (const char* f = std::getenv("KFA_RING_FAULT")) {
       if (std::sscanf(f, "%d:%d", &m_fault_rank, &m_fault_step) != 2) m_fault_rank = m_fault_step = -1;
     }
+    if (gpu_aware == GpuAwareMpi::yes) m_transport = RingTransport::gpu_aware_mpi;
+    if (const char* t = std::getenv("KFA_RING_TRANSPORT")) {
+      const std::string v(t);
+      if (v == "nccl") m_transport = RingTransport::nccl;
+      else if (v == "gpu-aware-mpi") m_transport = RingTransport::gpu_aware_mpi;
+      else if (v == "staging") m_transport = RingTransport::host_staging;
+      else if (v != "auto" && !v.empty())
+        kfa::detail::fail("kfa::dist::Ring: KFA_RING_TRANSPORT = '", v, "'; expected auto, nccl, gpu-aware-mpi or staging");
+    }
   }
   MPI_Comm comm() const { return *m_comm; }
   int rank() const { return m_rank; }
@@ -97,8 +141,23 @@ class Ring {
   }
   std::size_t max_message_bytes() const { return m_max_message_bytes; }
 
-  /// How buffers in memory space Mem travel: "host memory (MPI)", "device memory (GPU-aware MPI)" or
-  /// "host staging (pinned)" / "host staging (pageable)".
+  /// The transport for device buffers (default automatic; the environment variable KFA_RING_TRANSPORT =
+  /// auto | nccl | gpu-aware-mpi | staging sets it too). Host-accessible buffers always go to MPI directly.
+  /// Asking for NCCL in a build without it fails at the next ring call, on every rank.
+  void set_transport(RingTransport t) { m_transport = t; }
+  RingTransport requested_transport() const { return m_transport; }
+  /// How buffers in memory space Mem travel with this ring (never `automatic`).
+  template <class Mem>
+  RingTransport resolved_transport() const {
+    if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return RingTransport::host_memory;
+    if (m_transport == RingTransport::nccl || (m_transport == RingTransport::automatic && nccl_available<Mem>()))
+      return RingTransport::nccl;
+    if (m_transport == RingTransport::gpu_aware_mpi || (m_transport == RingTransport::automatic && m_gpu_aware))
+      return RingTransport::gpu_aware_mpi;
+    return RingTransport::host_staging;
+  }
+  /// How buffers in memory space Mem travel, in words: "host memory (MPI)", "NCCL (device memory, own
+  /// stream)", "device memory (GPU-aware MPI)", "host staging (pinned, allocated once)"; "none (one rank)".
   template <class Mem>
   std::string transport() const;
 
@@ -134,6 +193,7 @@ class Ring {
   int m_rank = 0, m_size = 1;
   std::size_t m_max_message_bytes = std::size_t(1) << 30;
   int m_fault_rank = -1, m_fault_step = -1;
+  RingTransport m_transport = RingTransport::automatic;
   std::shared_ptr<std::map<std::string, std::shared_ptr<void>>> m_staging =
       std::make_shared<std::map<std::string, std::shared_ptr<void>>>();
   mutable bool m_staging_hooked = false;
@@ -166,8 +226,8 @@ void collective_check(const Ring& ring, const char* fn, F&& local_check) {
   std::string msg;
   try {
     local_check();
-  } catch (const kfa::Error& e) {
-    msg = e.what();
+  } catch (const std::exception& e) {  // kfa::Error, and MPI/CUDA/NCCL failures
+    msg = e.what()[0] ? e.what() : "unknown error";
   }
   constexpr int cap = 512;
   std::array<char, cap> mine{};
@@ -267,6 +327,31 @@ using StagingSpace = Kokkos::HostSpace;
 constexpr bool staging_is_pinned = false;
 #endif
 
+#if defined(KFA_RING_NCCL)
+inline void check_cuda(cudaError_t rc, const char* call) {
+  if (rc != cudaSuccess) throw std::runtime_error(std::string("kfa::dist: ") + call + " failed: " + cudaGetErrorString(rc));
+}
+inline void check_nccl(ncclResult_t rc, const char* call) {
+  if (rc != ncclSuccess)
+    throw std::runtime_error(std::string("kfa::dist: ") + call + " failed: " + ncclGetErrorString(rc) +
+                             (rc == ncclSystemError || rc == ncclRemoteError ? "" : " (NCCL_DEBUG=WARN says more)"));
+}
+/// One NCCL communicator over the ring's ranks and the stream its transfers run on; created once per
+/// Ring (collectively, by prepare_transport) and kept with the Ring's staging buffers, so it is released at
+/// Kokkos::finalize at the latest.
+struct NcclChannel {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  ~NcclChannel() {
+    if (comm) ncclCommDestroy(comm);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+inline NcclChannel* nccl_channel(const Ring& ring) {
+  return static_cast<NcclChannel*>(ring.staging_slot("kfa::dist::nccl").get());
+}
+#endif
+
 /// The MPI requests of one transfer, split into chunks of at most `max_bytes`. Messages between one pair
 /// with one tag are matched in order, so the chunks of a transfer share its tag.
 class Requests {
@@ -345,13 +430,33 @@ class Exchanger {
   static constexpr bool host_accessible = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
 
   Exchanger(const ExecSpace& space, const Ring& ring, std::size_t max_count, const std::string& label)
-      : m_space(space), m_ring(&ring), m_stage(!host_accessible && !ring.gpu_aware()) {
+      : m_space(space), m_ring(&ring), m_kind(ring.resolved_transport<Mem>()),
+        m_stage(m_kind == RingTransport::host_staging) {
     if (m_stage && ring.size() > 1) {
       m_send_host = cached(label + "::send_host", max_count);
       m_recv_host = cached(label + "::recv_host", max_count);
     }
+#if defined(KFA_RING_NCCL)
+    if constexpr (nccl_available<Mem>()) {
+      if (m_kind == RingTransport::nccl && ring.size() > 1) {
+        m_nccl = nccl_channel(ring);
+        if (!m_nccl) kfa::detail::fail("kfa::dist: internal error: NCCL transport used before prepare_transport");
+        check_cuda(cudaEventCreateWithFlags(&m_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        check_cuda(cudaEventCreateWithFlags(&m_done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      }
+    }
+#endif
   }
   ~Exchanger() {
+#if defined(KFA_RING_NCCL)
+    if (m_nccl) {
+      // Every rank posted its part of what was posted here, so this completes; finish() leaves the host
+      // free, so a transfer may still run when an exception unwinds the buffers.
+      if (m_used) cudaStreamSynchronize(m_nccl->stream);
+      if (m_ready) cudaEventDestroy(m_ready);
+      if (m_done) cudaEventDestroy(m_done);
+    }
+#endif
     if (!m_req.active()) return;
     if (!m_req.abandon()) {
       auto keep = std::make_shared<std::tuple<Flat, Flat, Staging, Staging>>(m_send, m_recv, m_send_host, m_recv_host);
@@ -376,6 +481,25 @@ class Exchanger {
     }
     m_local = false;
     const int next = (m_ring->rank() + sh) % sz, prev = (m_ring->rank() + sz - sh) % sz;
+#if defined(KFA_RING_NCCL)
+    if constexpr (nccl_available<Mem>()) {
+      if (m_nccl) {  // after everything enqueued on the caller's instance so far, on the channel's stream
+        check_cuda(cudaEventRecord(m_ready, m_space.cuda_stream()), "cudaEventRecord");
+        check_cuda(cudaStreamWaitEvent(m_nccl->stream, m_ready, 0), "cudaStreamWaitEvent");
+        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        if (send_count > 0)
+          check_nccl(ncclSend(send.data(), send_count * sizeof(T), ncclUint8, next, m_nccl->comm, m_nccl->stream),
+                     "ncclSend");
+        if (recv_count > 0)
+          check_nccl(ncclRecv(recv.data(), recv_count * sizeof(T), ncclUint8, prev, m_nccl->comm, m_nccl->stream),
+                     "ncclRecv");
+        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        m_posted = m_used = true;
+        m_bytes = send_count * sizeof(T);
+        return;
+      }
+    }
+#endif
     const std::size_t mb = m_ring->max_message_bytes();
     const void* sptr = send.data();
     void* rptr = recv.data();
@@ -399,9 +523,24 @@ class Exchanger {
   void wait_transfer() {
     if (!m_local) m_req.wait();
   }
-  /// Completes the transfer; the received data is in `recv` (ordered on `space`).
-  void finish() {
+  /// Completes the transfer; the received data is in `recv` (ordered on `space`). With NCCL the host
+  /// returns at once (the caller's instance waits for the transfer) unless `host_wait` (timings) asks
+  /// it to wait too.
+  void finish(bool host_wait = false) {
     if (m_local) return;
+#if defined(KFA_RING_NCCL)
+    if constexpr (nccl_available<Mem>()) {
+      if (m_nccl) {
+        if (!m_posted) return;
+        check_cuda(cudaEventRecord(m_done, m_nccl->stream), "cudaEventRecord");
+        check_cuda(cudaStreamWaitEvent(m_space.cuda_stream(), m_done, 0), "cudaStreamWaitEvent");
+        m_posted = false;
+        if (host_wait) check_cuda(cudaEventSynchronize(m_done), "NCCL transfer (cudaEventSynchronize)");
+        return;
+      }
+    }
+#endif
+    (void)host_wait;
     m_req.wait();
     if (m_stage)
       Kokkos::deep_copy(m_space, Kokkos::subview(m_recv, std::make_pair(std::size_t(0), m_recv_count)),
@@ -424,12 +563,51 @@ class Exchanger {
 
   ExecSpace m_space;
   const Ring* m_ring;
+  RingTransport m_kind;
   bool m_stage, m_local = false;
+#if defined(KFA_RING_NCCL)
+  NcclChannel* m_nccl = nullptr;
+  cudaEvent_t m_ready = nullptr, m_done = nullptr;
+  bool m_posted = false, m_used = false;
+#endif
   Staging m_send_host, m_recv_host;
   Flat m_send, m_recv;
   std::size_t m_recv_count = 0, m_bytes = 0;
   Requests m_req;
 };
+
+/// Collective: readies ring's transport for buffers in memory space Mem — on first use of NCCL, its
+/// communicator (unique id from rank 0 over MPI) and stream — or throws the same kfa::Error on every rank.
+template <class Mem>
+void prepare_transport(const Ring& ring, const char* fn) {
+  if (ring.size() == 1) return;
+  const RingTransport t = ring.resolved_transport<Mem>();
+  collective_check(ring, fn, [&] {
+    if (t == RingTransport::nccl && !nccl_available<Mem>())
+      kfa::detail::fail(fn, ": the NCCL transport was asked for (Ring::set_transport or KFA_RING_TRANSPORT) but this ",
+                        "build has no NCCL for this memory space (it needs Kokkos CUDA, and CMake finding NCCL with ",
+                        "KFA_ENABLE_NCCL=ON); use the automatic or the staging transport");
+  });
+#if defined(KFA_RING_NCCL)
+  if constexpr (nccl_available<Mem>()) {
+    if (t != RingTransport::nccl || nccl_channel(ring)) return;  // every rank: same Ring history, same answer
+    struct {
+      ncclUniqueId id;
+      int ok;
+    } boot{};
+    collective_check(ring, fn, [&] {
+      if (ring.rank() == 0) check_nccl(ncclGetUniqueId(&boot.id), "ncclGetUniqueId");
+    });
+    Ring::check_mpi(MPI_Bcast(&boot, sizeof boot, MPI_BYTE, 0, ring.comm()), "MPI_Bcast");
+    auto ch = std::make_shared<NcclChannel>();
+    collective_check(ring, fn, [&] {
+      check_cuda(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      check_nccl(ncclCommInitRank(&ch->comm, ring.size(), boot.id, ring.rank()), "ncclCommInitRank");
+    });
+    ring.staging_slot("kfa::dist::nccl") = ch;
+  }
+#endif
+}
 
 /// One blocking-style exchange of a whole flat View (kept for kfa-longseq and the ring benchmark, which
 /// time a bare exchange): starts at construction, wait() completes it. Prefer time_ring_exchange().
@@ -439,7 +617,8 @@ class RingExchange {
   using T = typename View::non_const_value_type;
   RingExchange(const ExecSpace& space, const Ring& ring, const View& send, std::size_t send_count, const View& recv,
                std::size_t recv_count, int tag, int shift = 1)
-      : m_ex(space, ring, std::max(send_count, recv_count), "kfa::dist::RingExchange") {
+      : m_ex((prepare_transport<typename ExecSpace::memory_space>(ring, "kfa::dist::RingExchange"), space), ring,
+             std::max(send_count, recv_count), "kfa::dist::RingExchange") {
     m_ex.start(send, send_count, recv, recv_count, tag, shift);
   }
   void poke() { m_ex.test(); }
@@ -577,9 +756,9 @@ inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, i
 template <class Mem>
 std::string Ring::transport() const {
   if (m_size == 1) return "none (one rank)";
-  if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return "host memory (MPI)";
-  if (m_gpu_aware) return "device memory (GPU-aware MPI)";
-  return detail::staging_is_pinned ? "host staging (pinned, allocated once)" : "host staging (allocated once)";
+  const RingTransport t = resolved_transport<Mem>();
+  if (t == RingTransport::host_staging && !detail::staging_is_pinned) return "host staging (allocated once)";
+  return to_string(t);
 }
 
 /// Seconds (the slowest rank's) of one ring exchange of `count` elements of T with nothing to hide it,
@@ -587,6 +766,7 @@ std::string Ring::transport() const {
 template <class T, class ExecSpace>
 double time_ring_exchange(const ExecSpace& space, const Ring& ring, std::size_t count) {
   if (ring.size() == 1) return 0.0;
+  detail::prepare_transport<typename ExecSpace::memory_space>(ring, "kfa::dist::time_ring_exchange");
   using Flat = Kokkos::View<T*, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
   Flat a("kfa::dist::time_ring_exchange::a", count), b("kfa::dist::time_ring_exchange::b", count);
   detail::Exchanger<ExecSpace, T> ex(space, ring, count, "kfa::dist::time_ring_exchange");
@@ -632,6 +812,7 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
     return;
   }
 
+  detail::prepare_transport<Mem>(ring, fn);
   constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
   // Timing single blocks' merges needs fences; on a device those would stall the host's MPI progress.
   const bool fence_blocks = timed && host_space;
@@ -685,7 +866,7 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
       if (s < last && !host_space) ex->wait_transfer();
     });
     const double t1 = detail::stamp(space, timed);
-    if (s < last) ex->finish();
+    if (s < last) ex->finish(timed);
     detail::agree_on_step(ring, fn, s, err);
     if (s < last) std::swap(cur, nxt);
     if (timed)
@@ -733,6 +914,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     return;
   }
 
+  detail::prepare_transport<Mem>(ring, fn);
   // K/V travel one hop per step (posted at the step's start). The dK/dV accumulator of the shard visiting
   // at step s arrives while step s computes (sent by the previous rank at the end of its step s − 1); this
   // rank's contributions go to `loc` meanwhile and are added when it has arrived; then it moves on (or
@@ -800,8 +982,8 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
       }
     });
     const double t1 = detail::stamp(space, timed);
-    if (s < last) ex_kv->finish();
-    if (s > 0) ex_acc->finish();  // the visiting shard's accumulator (in acc_b), and acc_a's send, are done
+    if (s < last) ex_kv->finish(timed);
+    if (s > 0) ex_acc->finish(timed);  // the visiting shard's accumulator (in acc_b), and acc_a's send, are done
     detail::agree_on_step(ring, fn, s, err);
     std::size_t bytes = s < last ? ex_kv->bytes() : 0;
     // acc_b := the visiting shard's accumulator including this rank's contributions
