@@ -17,7 +17,8 @@ configuration runs before repetition r+1 of any), the row is the run with the me
 even count the faster of the middle two); *_min / *_max columns are the fastest and slowest runs, drawn as
 error bars. tflops = 4 * batch * heads * N^2 * head_dim (x 0.5 causal) / compute_s of that same run (the
 app's own tflops is cross-checked against it). Ratios (speed-up, efficiency) divide the median rows, their
-bars the extremes.
+bars the extremes. other_cores_busy: CPU the rest of the machine used during that run (busy CPU seconds from
+/proc/stat less this study's own, per second of wall time): a slow outlier's usual cause on a shared machine.
 
 From each run's --json it reads compute_s and memory_high_water_mib (required), tflops (cross-check), backend,
 kokkos_version, kfa_version, host ISA when present, and copies every other numeric *_s field and
@@ -34,6 +35,7 @@ import datetime
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,6 +75,22 @@ def gpu_names():
     return f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
 
 
+def busy_cpu_s():
+    """CPU seconds the whole machine has spent busy (user, nice, system, irq, softirq, steal) since boot."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def children_cpu_s():
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def mpiexec_command(a):
     cmd = shlex.split(a.mpiexec)
     if a.mpiexec_flags is not None:
@@ -84,6 +102,19 @@ def mpiexec_command(a):
     if "Open MPI" in version or "OpenRTE" in version:
         cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
     return cmd
+
+
+def source_commit():
+    """The commit of the tree this script sits in ("+ local changes" when dirty): what the build was made from,
+    if it was built from this tree."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        c = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
+    except OSError:
+        return ""
+    return c + (" + local changes" if c and dirty else "")
 
 
 class Study:
@@ -113,7 +144,9 @@ class Study:
         self.count += 1
         print(f"[{self.count}/{self.total}, {time.time() - self.t0:.0f} s] " + " ".join(cmd), flush=True)
         # stdout (the report) and stderr (progress lines) are kept and shown only when the run fails
+        busy0, ours0, wall0 = busy_cpu_s(), children_cpu_s(), time.time()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        others = max(0.0, (busy_cpu_s() - busy0) - (children_cpu_s() - ours0)) / max(time.time() - wall0, 1e-9)
         if r.returncode != 0 or not os.path.exists(js):
             sys.exit(f"scaling_study.py: exit {r.returncode}: {' '.join(cmd)}\n{r.stdout}{r.stderr}")
         with open(js) as f:
@@ -132,6 +165,7 @@ class Study:
             print(f"  warning: the app reports {j['tflops']} TFLOP/s, its compute_s and the flop count give {t:.6g}",
                   flush=True)
         j["study_tflops"] = t
+        j["other_cores_busy"] = round(others, 2)  # other work on the machine: the usual reason for a slow outlier
         return j
 
     def sweep(self, configs):
@@ -157,6 +191,7 @@ def row(runs, p, seq, causal, layout, a):
                 and not isinstance(v, bool):
             r[k] = v
     r["memory_high_water_mib"] = m["memory_high_water_mib"]
+    r["other_cores_busy"] = m["other_cores_busy"]
     return r
 
 
@@ -251,12 +286,16 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     s = Study(a)
     date = datetime.date.today().isoformat()
+    load_before, source = os.getloadavg(), source_commit()
 
     strong_c = {("strong", p): (p, n_strong, False, "contiguous") for p in ranks}
     weak_c = {("weak", p): (p, per_rank * p, False, "contiguous") for p in ranks}
     causal_c = {("causal", p, lay): (p, n_strong, True, lay) for p in ranks if p > 1 for lay in ("contiguous", "zigzag")}
     one_c = {("one", n): (1, n, False, "contiguous") for n in lengths}
-    runs = s.sweep({**strong_c, **weak_c, **causal_c, **one_c})
+    try:
+        runs = s.sweep({**strong_c, **weak_c, **causal_c, **one_c})
+    finally:
+        shutil.rmtree(s.tmp, ignore_errors=True)
     mem, bench_isa = bench_memory(a, lengths)
 
     strong = [row(runs[k], *c, a) for k, c in strong_c.items()]
@@ -300,7 +339,11 @@ def main():
                 kfa_version=j.get("kfa_version", ""), host_isa=isa, dtype=a.dtype, batch=a.batch, heads=a.heads,
                 head_dim=a.head_dim, reps=a.reps, ranks=ranks, strong_seq=n_strong, per_rank=per_rank,
                 lengths=lengths, mpiexec=s.mpiexec, command=[os.path.basename(sys.argv[0])] + sys.argv[1:],
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS", "cores / ranks"))
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS", "cores / ranks"), source=source,
+                other_cores_busy_mean=round(sum(x["other_cores_busy"] for v in runs.values() for x in v) /
+                                            sum(len(v) for v in runs.values()), 2),
+                load_average_before=[round(x, 2) for x in load_before],
+                load_average_after=[round(x, 2) for x in os.getloadavg()], wall_s=round(time.time() - s.t0))
     with open(os.path.join(a.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
@@ -322,7 +365,8 @@ def plots(plt, a, meta, strong, weak, causal, memory, speed):
     shape = f"{a.heads} heads, head dim {a.head_dim}, batch {a.batch}"
     where = (f"{meta['machine']}; Kokkos {meta['kokkos_version']} {meta['backend']}, host SIMD {meta['host_isa']}; "
              f"{meta['date']}; median of {a.reps} run{'s' if a.reps > 1 else ''}" +
-             (", bars min-max" if a.reps > 1 else ""))
+             (", bars min-max" if a.reps > 1 else "") +
+             f"; other processes kept {meta['other_cores_busy_mean']:.1f} cores busy on average during the runs")
 
     def figure(title, caption):
         fig, ax = plt.subplots(figsize=(7, 5.2))
