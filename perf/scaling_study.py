@@ -182,7 +182,7 @@ def row(runs, p, seq, causal, layout, a):
     """The CSV row of one configuration: every value from the median run, plus the extremes' compute_s."""
     ranked = sorted(runs, key=lambda j: j["compute_s"])
     m = ranked[(len(ranked) - 1) // 2]
-    r = dict(ranks=p, seq=seq, dtype=m.get("dtype", a.dtype), causal=int(causal), layout=layout, heads=a.heads,
+    r = dict(ranks=p, seq=seq, dtype=m.get("dtype", a.dtype), causal=int(causal), layout=layout, batch=a.batch, heads=a.heads,
              head_dim=a.head_dim, reps=len(runs), compute_s=m["compute_s"], compute_s_min=ranked[0]["compute_s"],
              compute_s_max=ranked[-1]["compute_s"], tflops=float(f"{m['study_tflops']:.6g}"),
              tflops_min=float(f"{ranked[-1]['study_tflops']:.6g}"), tflops_max=float(f"{ranked[0]['study_tflops']:.6g}"))
@@ -313,11 +313,11 @@ def main():
                                                                      round(r["tflops_max"] / p / base, 4))
     causal = [row(runs[k], *c, a) for k, c in causal_c.items()]
     one = [row(runs[k], *c, a) for k, c in one_c.items()]
-    memory = [dict(seq=r["seq"], dtype=r["dtype"], heads=a.heads, head_dim=a.head_dim,
+    memory = [dict(seq=r["seq"], dtype=r["dtype"], batch=a.batch, heads=a.heads, head_dim=a.head_dim,
                    kfa_rank_high_water_mib=r["memory_high_water_mib"],
                    kfa_extra_mib=mem[r["seq"]][0] if r["seq"] in mem else "",
                    reference_extra_mib=mem[r["seq"]][1] if r["seq"] in mem else "") for r in one]
-    speed = [{k: r[k] for k in ("seq", "dtype", "causal", "heads", "head_dim", "reps", "compute_s", "compute_s_min",
+    speed = [{k: r[k] for k in ("seq", "dtype", "causal", "batch", "heads", "head_dim", "reps", "compute_s", "compute_s_min",
                                 "compute_s_max", "tflops", "tflops_min", "tflops_max")} for r in one]
     for name, rows in (("strong", strong), ("weak", weak), ("causal", causal), ("memory", memory), ("speed", speed)):
         if rows:
