@@ -13,11 +13,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iomanip>
 #include <random>
@@ -29,7 +32,8 @@ namespace {
 
 struct Config {
   std::string input, output, json, dtype = "float32", layout = "contiguous";
-  bool generate = false, causal = false, backward = false, progress = false, allow_nonfinite = false;
+  bool generate = false, causal = false, backward = false, progress = false, quiet = false, allow_nonfinite = false;
+  double progress_interval = 10;  // seconds between progress lines (not on a terminal)
   long batch = 1, seqlen = 65536;
   int heads = 4, kv_heads = 0, head_dim = 64, check = 0;
   std::uint64_t seed = 1;
@@ -126,89 +130,246 @@ bool visible(const Config& c, long seq_q, long seq_k, long i, long j) {
 struct CheckResult {
   double max_abs = 0, max_rel = 0, max_lse = 0;
   int rows = 0;
+  // --backward: relative L2 errors of the checked rows of dq (the query rows above) and of dk, dv (key rows).
+  bool gradients = false;
+  double dq_rel = 0, dk_rel = 0, dv_rel = 0;
+  int key_rows = 0;
 };
 
-// K random query rows of this rank, in float64 straight from the definition, with the K/V shards
-// streamed around the ring; compared with the computed o and lse rows.
-CheckResult self_check(const Config& c, const Shards& s, const std::vector<double>& o, const std::vector<double>& lse,
-                       MPI_Comm comm) {
+// The computed gradients (host copies, float64) the check compares; empty without --backward.
+struct Gradients {
+  std::vector<double> dq, dk, dv;  // [batch, n, heads, d], [batch, n, kv_heads, d] x 2
+};
+
+// Adds |got - want|^2 and |want|^2 of one row of length d to num/den (a non-finite value counts as +inf).
+void accumulate_error(const double* got, const std::vector<double>& want, double& num, double& den) {
+  for (size_t e = 0; e < want.size(); ++e) {
+    const double err = std::isfinite(got[e]) ? got[e] - want[e] : INFINITY;
+    num += err * err, den += want[e] * want[e];
+  }
+}
+
+// Relative L2 error over all checked rows of all ranks (collective): sqrt(sum num / sum den). One number per
+// tensor, not the worst row: a gradient row that is nearly zero by cancellation would make a per-row
+// relative error meaningless.
+double relative_l2(double num, double den, MPI_Comm comm) {
+  double v[2] = {num, den};
+  MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, comm);
+  if (std::isnan(v[0]) || std::isinf(v[0])) return INFINITY;
+  return v[1] > 0 ? std::sqrt(v[0] / v[1]) : std::sqrt(v[0]);
+}
+
+// The global position of local token `li` of shard `s`.
+long global_of(const Shards& s, long li) {
+  for (const auto& sg : s.segs)
+    if (li >= sg.local_begin && li < sg.local_begin + sg.length) return sg.global_begin + li - sg.local_begin;
+  return 0;
+}
+
+// A travelling shard's segments: {tokens, begin0, length0, begin1, length1}.
+struct TravellingSegments {
+  long v[5] = {0, 0, 0, 0, 0};
+  explicit TravellingSegments(const Shards& s) {
+    v[0] = s.n;
+    for (size_t i = 0; i < s.segs.size() && i < 2; ++i) v[1 + 2 * i] = s.segs[i].global_begin, v[2 + 2 * i] = s.segs[i].length;
+  }
+  // Calls f(local index in the owner's shard, global position) for every token of the owner.
+  template <class F>
+  void for_each(F&& f) const {
+    long lb = 0;
+    for (int g = 0; g < 2; ++g) {
+      for (long j = 0; j < v[2 + 2 * g]; ++j) f(lb + j, v[1 + 2 * g] + j);
+      lb += v[2 + 2 * g];
+    }
+  }
+};
+
+// Passes `buf` and the segments on to the next rank and receives the previous rank's (P > 1).
+void pass_on(std::vector<double>& buf, TravellingSegments& seg, MPI_Comm comm) {
   int rank, p;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &p);
+  if (p == 1) return;
+  const int next = (rank + 1) % p, prev = (rank + p - 1) % p;
+  // Chunks of at most 2^30 doubles: no count beyond MPI's int.
+  const size_t chunk = size_t(1) << 30;
+  for (size_t off = 0; off < buf.size(); off += chunk)
+    MPI_Sendrecv_replace(buf.data() + off, static_cast<int>(std::min(chunk, buf.size() - off)), MPI_DOUBLE, next, 5, prev, 5,
+                         comm, MPI_STATUS_IGNORE);
+  MPI_Sendrecv_replace(seg.v, 5, MPI_LONG, next, 6, prev, 6, comm, MPI_STATUS_IGNORE);
+}
+
+// The score of q·k in float64 as the kernels define it (scale, then softcap) and its derivative factor
+// d score / d (scale q·k) (1 - tanh^2 with a softcap, else 1).
+struct Score {
+  double s, g;
+};
+Score score(const Config& c, double scale, const double* q, const double* k, long d) {
+  double x = 0;
+  for (long e = 0; e < d; ++e) x += q[e] * k[e];
+  x *= scale;
+  if (c.softcap > 0) {
+    const double t = std::tanh(x / c.softcap);
+    return {c.softcap * t, 1 - t * t};
+  }
+  return {x, 1.0};
+}
+
+// `--check K`: K random query rows of this rank, in float64 straight from the definition, with the K/V shards
+// streamed around the ring; compared with the computed o and lse rows. With --backward also dq of those
+// rows (accumulated in the same pass: dq_i = scale/l · (Σ_j w_ij dP_ij g_ij k_j − D_i Σ_j w_ij g_ij k_j),
+// with D_i = dO_i·O_i from the exact O_i), and dk, dv of K random key rows of this rank, with the query-side
+// shards (q, dO and each query row's lse and D) streamed around the ring: dv_j = Σ_i P_ij dO_i and
+// dk_j = scale Σ_i P_ij (dO_i·v_j − D_i) g_ij q_i over every query of the sequence (and every query head
+// of the key's group). Those query rows' lse and D come from the run's own lse and o (float64 from there
+// on): exact ones for every row would be the whole forward pass again; the o and lse rows above check them.
+// O(K·N·d) work per rank, O(N/P·(heads·d)) memory. Collective.
+CheckResult self_check(const Config& c, const Shards& s, const std::vector<double>& o, const std::vector<double>& lse,
+                       const Gradients& grad, MPI_Comm comm) {
+  int rank, p;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &p);
+  const bool bwd = !grad.dq.empty();
   std::mt19937_64 rng(c.seed * 7919 + rank);
-  struct Row { long b, li, gi, h; double m, l; std::vector<double> acc; };
+  struct Row { long b, li, gi, h; double m, l; std::vector<double> acc, a, bsum; };
   std::vector<Row> rows;
   for (int t = 0; t < c.check && s.n > 0; ++t) {
     Row r;
     r.b = static_cast<long>(rng() % s.batch);
     r.li = static_cast<long>(rng() % s.n);
     r.h = static_cast<long>(rng() % s.heads);
-    long gi = 0;
-    for (const auto& sg : s.segs)
-      if (r.li >= sg.local_begin && r.li < sg.local_begin + sg.length) gi = sg.global_begin + r.li - sg.local_begin;
-    r.gi = gi, r.m = -INFINITY, r.l = 0, r.acc.assign(s.d, 0.0);
+    r.gi = global_of(s, r.li), r.m = -INFINITY, r.l = 0, r.acc.assign(s.d, 0.0);
+    if (bwd) r.a.assign(s.d, 0.0), r.bsum.assign(s.d, 0.0);
     rows.push_back(r);
   }
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(s.d));
-  // The travelling shard: its owner's segments and K, V rows.
+  const long group = s.heads / s.kv_heads;
   long nmax = s.n;
   MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, comm);
+
+  // ---- pass 1: the K/V shards travel; o, lse (and dq) of the query rows --------------------------------
   const size_t row = static_cast<size_t>(s.kv_heads * s.d);
-  std::vector<double> kv(2 * static_cast<size_t>(s.batch * nmax) * row, 0.0);
-  std::copy(s.k.begin(), s.k.end(), kv.begin());
-  std::copy(s.v.begin(), s.v.end(), kv.begin() + static_cast<long>(s.batch * nmax * row));
-  long seg[5] = {s.n, 0, 0, 0, 0};
-  for (size_t i = 0; i < s.segs.size() && i < 2; ++i) seg[1 + 2 * i] = s.segs[i].global_begin, seg[2 + 2 * i] = s.segs[i].length;
-  for (int step = 0; step < p; ++step) {
-    const long n_owner = seg[0];
-    for (auto& r : rows) {
-      const long hk = r.h / (s.heads / s.kv_heads);
-      long lb = 0;
-      for (int g = 0; g < 2; ++g) {
-        const long gb = seg[1 + 2 * g], len = seg[2 + 2 * g];
-        for (long j = 0; j < len; ++j) {
-          if (!visible(c, s.seq, s.seq, r.gi, gb + j)) continue;
-          const double* kr = &kv[((r.b * nmax + lb + j) * s.kv_heads + hk) * s.d];
-          const double* vr = &kv[static_cast<size_t>(s.batch * nmax) * row + ((r.b * nmax + lb + j) * s.kv_heads + hk) * s.d];
-          const double* qr = &s.q[((r.b * s.n + r.li) * s.heads + r.h) * s.d];
-          double x = 0;
-          for (long e = 0; e < s.d; ++e) x += qr[e] * kr[e];
-          x *= scale;
-          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
-          const double m = std::max(r.m, x), a = std::exp(r.m - m), w = std::exp(x - m);
+  {
+    std::vector<double> kv(2 * static_cast<size_t>(s.batch * nmax) * row, 0.0);
+    const size_t voff = static_cast<size_t>(s.batch * nmax) * row;
+    for (long b = 0; b < s.batch; ++b) {  // [batch, nmax, kv_heads, d]: this rank's n rows first
+      std::copy(s.k.begin() + b * s.n * row, s.k.begin() + (b + 1) * s.n * row, kv.begin() + b * nmax * row);
+      std::copy(s.v.begin() + b * s.n * row, s.v.begin() + (b + 1) * s.n * row, kv.begin() + voff + b * nmax * row);
+    }
+    TravellingSegments seg(s);
+    for (int step = 0; step < p; ++step) {
+      for (auto& r : rows) {
+        const long hk = r.h / group;
+        const double* qr = &s.q[((r.b * s.n + r.li) * s.heads + r.h) * s.d];
+        const double* dor = bwd ? &s.d_o[((r.b * s.n + r.li) * s.heads + r.h) * s.d] : nullptr;
+        seg.for_each([&](long lj, long gj) {
+          if (!visible(c, s.seq, s.seq, r.gi, gj)) return;
+          const double* kr = &kv[(r.b * nmax + lj) * row + hk * s.d];
+          const double* vr = &kv[voff + (r.b * nmax + lj) * row + hk * s.d];
+          const Score x = score(c, scale, qr, kr, s.d);
+          const double m = std::max(r.m, x.s), a = std::exp(r.m - m), w = std::exp(x.s - m);
           r.l = r.l * a + w;
           for (long e = 0; e < s.d; ++e) r.acc[e] = r.acc[e] * a + w * vr[e];
+          if (bwd) {
+            double dp = 0;
+            for (long e = 0; e < s.d; ++e) dp += dor[e] * vr[e];
+            for (long e = 0; e < s.d; ++e) {
+              r.a[e] = r.a[e] * a + w * dp * x.g * kr[e];
+              r.bsum[e] = r.bsum[e] * a + w * x.g * kr[e];
+            }
+          }
           r.m = m;
-        }
-        lb += len;
+        });
       }
-      (void)n_owner;
-    }
-    if (p > 1) {
-      const int next = (rank + 1) % p, prev = (rank + p - 1) % p;
-      MPI_Sendrecv_replace(kv.data(), static_cast<int>(kv.size()), MPI_DOUBLE, next, 5, prev, 5, comm, MPI_STATUS_IGNORE);
-      MPI_Sendrecv_replace(seg, 5, MPI_LONG, next, 6, prev, 6, comm, MPI_STATUS_IGNORE);
+      pass_on(kv, seg, comm);
     }
   }
   CheckResult res;
+  double dq_num = 0, dq_den = 0;
   for (const auto& r : rows) {
     double num = 0, den = 0;
-    for (long e = 0; e < s.d; ++e) {
-      const double want = r.l > 0 ? r.acc[e] / r.l : 0.0;
-      const double got = o[((r.b * s.n + r.li) * s.heads + r.h) * s.d + e];
-      const double err = std::isfinite(got) ? std::abs(got - want) : INFINITY;
-      res.max_abs = std::max(res.max_abs, err);
-      num += err * err, den += want * want;
-    }
-    res.max_rel = std::max(res.max_rel, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    std::vector<double> want(s.d);
+    for (long e = 0; e < s.d; ++e) want[e] = r.l > 0 ? r.acc[e] / r.l : 0.0;
+    const double* got = &o[((r.b * s.n + r.li) * s.heads + r.h) * s.d];
+    for (long e = 0; e < s.d; ++e) res.max_abs = std::max(res.max_abs, std::isfinite(got[e]) ? std::abs(got[e] - want[e]) : INFINITY);
+    accumulate_error(got, want, num, den);
+    res.max_rel = std::max(res.max_rel, std::isnan(num) ? INFINITY : den > 0 ? std::sqrt(num / den) : std::sqrt(num));
     const double want_lse = r.l > 0 ? r.m + std::log(r.l) : -INFINITY;
     const double got_lse = lse[(r.b * s.heads + r.h) * s.n + r.li];
     const double lerr = (std::isinf(want_lse) && got_lse == want_lse) ? 0.0 : std::abs(got_lse - want_lse) / std::max(1.0, std::abs(want_lse));
     res.max_lse = std::max(res.max_lse, std::isnan(lerr) ? INFINITY : lerr);
+    if (bwd) {
+      const double* dor = &s.d_o[((r.b * s.n + r.li) * s.heads + r.h) * s.d];
+      double dd = 0;  // D_i = dO_i · O_i, exact O
+      for (long e = 0; e < s.d; ++e) dd += dor[e] * want[e];
+      std::vector<double> dq(s.d, 0.0);
+      if (r.l > 0)
+        for (long e = 0; e < s.d; ++e) dq[e] = scale / r.l * (r.a[e] - dd * r.bsum[e]);
+      accumulate_error(&grad.dq[((r.b * s.n + r.li) * s.heads + r.h) * s.d], dq, dq_num, dq_den);
+    }
   }
   res.rows = static_cast<int>(rows.size());
   res.max_abs = max_over(res.max_abs, comm), res.max_rel = max_over(res.max_rel, comm), res.max_lse = max_over(res.max_lse, comm);
   MPI_Allreduce(MPI_IN_PLACE, &res.rows, 1, MPI_INT, MPI_SUM, comm);
+  if (!bwd) return res;
+  res.gradients = true;
+  res.dq_rel = relative_l2(dq_num, dq_den, comm);
+
+  // ---- pass 2: the query-side shards travel; dk, dv of the key rows -------------------------------------
+  struct KeyRow { long b, lj, gj, hk; std::vector<double> dk, dv; };
+  std::vector<KeyRow> keys;
+  for (int t = 0; t < c.check && s.n > 0; ++t) {
+    KeyRow r;
+    r.b = static_cast<long>(rng() % s.batch);
+    r.lj = static_cast<long>(rng() % s.n);
+    r.hk = static_cast<long>(rng() % s.kv_heads);
+    r.gj = global_of(s, r.lj), r.dk.assign(s.d, 0.0), r.dv.assign(s.d, 0.0);
+    keys.push_back(r);
+  }
+  // Per (batch, token, head): q [d], dO [d], lse, D = dO·o (the run's own o and lse).
+  const size_t qrow = static_cast<size_t>(2 * s.d + 2);
+  std::vector<double> qs(static_cast<size_t>(s.batch * nmax * s.heads) * qrow, 0.0);
+  for (long b = 0; b < s.batch; ++b)
+    for (long li = 0; li < s.n; ++li)
+      for (long h = 0; h < s.heads; ++h) {
+        double* dst = &qs[((b * nmax + li) * s.heads + h) * qrow];
+        const size_t src = static_cast<size_t>(((b * s.n + li) * s.heads + h) * s.d);
+        double dd = 0;
+        for (long e = 0; e < s.d; ++e) dst[e] = s.q[src + e], dst[s.d + e] = s.d_o[src + e], dd += s.d_o[src + e] * o[src + e];
+        dst[2 * s.d] = lse[(b * s.heads + h) * s.n + li];
+        dst[2 * s.d + 1] = dd;
+      }
+  TravellingSegments seg(s);
+  for (int step = 0; step < p; ++step) {
+    for (auto& r : keys) {
+      const double* kr = &s.k[((r.b * s.n + r.lj) * s.kv_heads + r.hk) * s.d];
+      const double* vr = &s.v[((r.b * s.n + r.lj) * s.kv_heads + r.hk) * s.d];
+      seg.for_each([&](long li, long gi) {
+        if (!visible(c, s.seq, s.seq, gi, r.gj)) return;
+        for (long h = r.hk * group; h < (r.hk + 1) * group; ++h) {
+          const double* qr = &qs[((r.b * nmax + li) * s.heads + h) * qrow];
+          const double* dor = qr + s.d;
+          const double l = qr[2 * s.d], dd = qr[2 * s.d + 1];
+          const Score sc = score(c, scale, qr, kr, s.d);
+          const double pr = std::exp(sc.s - l);
+          double dp = 0;
+          for (long e = 0; e < s.d; ++e) dp += dor[e] * vr[e];
+          const double ds = pr * (dp - dd) * sc.g * scale;
+          for (long e = 0; e < s.d; ++e) r.dv[e] += pr * dor[e], r.dk[e] += ds * qr[e];
+        }
+      });
+    }
+    pass_on(qs, seg, comm);
+  }
+  double dk_num = 0, dk_den = 0, dv_num = 0, dv_den = 0;
+  for (const auto& r : keys) {
+    const size_t at = static_cast<size_t>(((r.b * s.n + r.lj) * s.kv_heads + r.hk) * s.d);
+    accumulate_error(&grad.dk[at], r.dk, dk_num, dk_den);
+    accumulate_error(&grad.dv[at], r.dv, dv_num, dv_den);
+  }
+  res.dk_rel = relative_l2(dk_num, dk_den, comm), res.dv_rel = relative_l2(dv_num, dv_den, comm);
+  res.key_rows = static_cast<int>(keys.size());
+  MPI_Allreduce(MPI_IN_PLACE, &res.key_rows, 1, MPI_INT, MPI_SUM, comm);
   return res;
 }
 
@@ -273,6 +434,8 @@ std::string memory_problem(const Config& c, const Shards& s, int p, MPI_Comm com
   b.add({tok, hq, sizeof(double)});  // one output dataset in its stored type while it is written
   Bytes chk;
   if (c.check > 0) chk.add({tokmax, 2 * hkv, 8}).add({U(c.check), 8 * U(s.d) + 96});  // travelling K/V rows, rows
+  if (c.check > 0 && c.backward)  // the computed gradients as float64, travelling q/dO/lse/D rows, dq/key rows
+    chk.add({tok, hq + 2 * hkv, 8}).add({tokmax, U(s.heads), 2 * U(s.d) + 2, 8}).add({U(c.check), 32 * U(s.d) + 96});
   b.add({chk.v, 1});
   b.overflow |= chk.overflow;
   // Ranks sharing this node share its memory.
@@ -308,8 +471,194 @@ double tolerance() {
 
 std::string json_escape(const std::string& s) {
   std::string o;
-  for (char ch : s) o += (ch == '"' || ch == '\\') ? std::string("\\") + ch : std::string(1, ch);
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') o += std::string("\\") + ch;
+    else if (static_cast<unsigned char>(ch) < 0x20) {
+      char u[8];
+      std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+      o += u;
+    } else o += ch;
+  }
   return o;
+}
+
+// A JSON object built key by key: strings escaped, non-finite numbers as null, nested objects.
+class Json {
+ public:
+  struct Value { std::string text; };
+  static Value null() { return {"null"}; }
+  static Value str(const std::string& x) { return {"\"" + json_escape(x) + "\""}; }
+  static Value num(double x) {
+    if (!std::isfinite(x)) return null();
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", x);
+    return {b};
+  }
+  static Value raw(const std::string& x) { return {x}; }
+  Json& add(const std::string& key, const Value& v) {
+    m_text += (m_text.empty() ? "" : ", ") + str(key).text + ": " + v.text;
+    return *this;
+  }
+  Json& add(const std::string& key, const std::string& v) { return add(key, str(v)); }
+  Json& add(const std::string& key, const char* v) { return add(key, str(v)); }
+  Json& add(const std::string& key, bool v) { return add(key, Value{v ? "true" : "false"}); }
+  Json& add(const std::string& key, double v) { return add(key, num(v)); }
+  template <class I, typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value, int>::type = 0>
+  Json& add(const std::string& key, I v) { return add(key, Value{std::to_string(v)}); }
+  Json& add(const std::string& key, const Json& v) { return add(key, Value{v.text()}); }
+  std::string text() const { return "{" + m_text + "}"; }
+
+ private:
+  std::string m_text;
+};
+
+// Seconds for the report: 3 decimals, or 3 significant digits below 0.1 s.
+std::string secs(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, x >= 0.1 || x == 0 ? "%.3f s" : "%.3g s", x);
+  return b;
+}
+
+// "Open MPI v4.1.4" (the first part of MPI_Get_library_version), and the MPI standard version.
+std::string mpi_runtime_version() {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0, major = 0, minor = 0;
+  MPI_Get_library_version(lib, &len);
+  MPI_Get_version(&major, &minor);
+  std::string l(lib, static_cast<size_t>(std::max(0, len)));
+  l = l.substr(0, l.find_first_of(",\n"));
+  while (!l.empty() && (l.back() == ' ' || l.back() == '\0')) l.pop_back();
+  return l + " (MPI " + std::to_string(major) + "." + std::to_string(minor) + ")";
+}
+
+// Gradients allow ten times o's tolerance: dk and dv sum over every query, dq over every key, each term
+// carrying the rounding of the recomputed P and of dO·v - D in the compute dtype (measured in float32: about
+// 1e-6 at seq 16384, against o's 2e-6 and a tolerance of 1e-4).
+template <class T>
+double gradient_tolerance() {
+  return 10 * tolerance<T>();
+}
+
+// Test hook: KFA_LONGSEQ_CORRUPT=o|dq|dk|dv multiplies that computed tensor by 1.001 on every rank after the
+// computation, so the tests can show that --check fails on a wrong result.
+template <class V>
+void corrupt_for_tests(const V& o, const V& dq, const V& dk, const V& dv) {
+  const char* e = std::getenv("KFA_LONGSEQ_CORRUPT");
+  if (!e) return;
+  const std::string w(e);
+  const V x = w == "o" ? o : w == "dq" ? dq : w == "dk" ? dk : w == "dv" ? dv : V();
+  if (x.size() == 0) return;
+  using T = typename V::non_const_value_type;
+  auto* ptr = x.data();
+  Kokkos::parallel_for("kfa-longseq::corrupt_for_tests", Kokkos::RangePolicy<typename V::execution_space>(0, x.size()),
+                       KOKKOS_LAMBDA(const size_t i) { ptr[i] = static_cast<T>(ptr[i] * static_cast<T>(1.001)); });
+  Kokkos::fence();
+}
+
+// A person watching the run sees this (rank 0, stderr): on a terminal (or with --progress) a bar redrawn
+// after every ring step; otherwise a line after a ring step when at least --progress-interval seconds
+// (10) passed since the last one, so a long run says it is alive without flooding a log. Elapsed time and an
+// ETA of the whole computation: the backward pass counts 2.5 forward passes (its FLOP ratio). --quiet: none.
+class Progress {
+ public:
+  Progress(const Config& c, int rank, int ranks)
+      : m_on(rank == 0 && !c.quiet), m_bar(c.progress || isatty(2)), m_interval(c.progress_interval), m_ranks(ranks),
+        m_backward(c.backward) {}
+  void start(double t0) {
+    m_t0 = m_last = t0;
+    if (!m_on || m_bar) return;
+    std::fprintf(stderr,
+                 "kfa-longseq: computing %s on %d rank(s); a progress line after a ring step, at most one per %g s "
+                 "(--progress-interval; --quiet: none)\n",
+                 m_backward ? "forward+backward" : "forward", m_ranks, m_interval);
+    std::fflush(stderr);
+  }
+  // The RingStats::on_step of one pass that does `weight` of the `total` work after `before` was done.
+  std::function<void(int, int)> hook(const char* pass, double before, double weight, double total) {
+    return [this, pass, before, weight, total](int done, int all) {
+      if (m_on) step(pass, (before + weight * done / std::max(all, 1)) / total, done, all);
+    };
+  }
+
+ private:
+  static std::string duration(double sec) {
+    char b[32];
+    if (sec < 120) std::snprintf(b, sizeof b, "%.1f s", sec);
+    else if (sec < 7200) std::snprintf(b, sizeof b, "%dm%02ds", int(sec) / 60, int(sec) % 60);
+    else std::snprintf(b, sizeof b, "%dh%02dm", int(sec) / 3600, int(sec) / 60 % 60);
+    return b;
+  }
+  void step(const char* pass, double fraction, int done, int all) {
+    const double now = MPI_Wtime(), elapsed = now - m_t0;
+    const std::string eta = fraction > 0 ? duration(elapsed * (1 - fraction) / fraction) : std::string("?");
+    if (m_bar) {
+      const int w = 30, f = static_cast<int>(w * fraction + 0.5);
+      std::fprintf(stderr, "\r%-8s [%s%s] ring step %d/%d, %s elapsed, ETA %s   ", pass, std::string(f, '#').c_str(),
+                   std::string(w - f, '.').c_str(), done, all, duration(elapsed).c_str(), eta.c_str());
+      if (done == all) std::fprintf(stderr, "\n");
+    } else if (now - m_last >= m_interval) {
+      std::fprintf(stderr, "kfa-longseq: %s ring step %d/%d done, %s elapsed, ETA %s\n", pass, done, all,
+                   duration(elapsed).c_str(), eta.c_str());
+      m_last = now;
+    }
+    std::fflush(stderr);
+  }
+  bool m_on, m_bar;
+  double m_interval;
+  int m_ranks;
+  bool m_backward;
+  double m_t0 = 0, m_last = 0;
+};
+
+// The ring steps' time split, from every rank's measured per-step times (RingStats): per step, a rank is
+// busy c (its attention kernels and merges) and then waits w (for its transfers, and at the end-of-step
+// agreement for every other rank). Averaged over the ranks, the step's time c + w splits into
+//   compute              mean c
+//   load imbalance       max c - mean c   (waiting for the slowest rank's compute)
+//   not hidden           mean (c + w) - max c   (what is left: communication the compute did not cover)
+// and "hidden" compares the last with the transfer time measured alone (the bytes each step sent at the rate
+// of one bare exchange, time_ring_exchange). Collective.
+// A step's end-of-step agreement time where RingStepStats reports it apart from wait_s (sync_s), else 0 (then
+// wait_s includes it).
+template <class S>
+auto step_sync(const S& x, int) -> decltype(double(x.sync_s)) {
+  return x.sync_s;
+}
+template <class S>
+double step_sync(const S&, long) {
+  return 0.0;
+}
+
+struct StepSplit {
+  double steps_s = 0, compute_s = 0, imbalance_s = 0, exposed_s = 0, transfer_s = 0, transfer_bytes = 0;
+};
+StepSplit split_steps(std::initializer_list<const kfa::dist::RingStats*> stats, double t_exchange, double exchange_bytes,
+                      MPI_Comm comm) {
+  int p;
+  MPI_Comm_size(comm, &p);
+  std::vector<double> mine;  // per step: busy, wait, bytes sent
+  for (const auto* st : stats)
+    for (const auto& x : st->steps)
+      mine.insert(mine.end(), {x.compute_s + x.merge_s, x.wait_s + step_sync(x, 0), double(x.bytes)});
+  int n = static_cast<int>(mine.size()), nmin = n;
+  MPI_Allreduce(MPI_IN_PLACE, &nmin, 1, MPI_INT, MPI_MIN, comm);
+  mine.resize(static_cast<size_t>(nmin));  // the same step count on every rank (it is: one ring)
+  n = nmin;
+  std::vector<double> all(static_cast<size_t>(n) * p);
+  MPI_Allgather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, comm);
+  StepSplit r;
+  for (int i = 0; i + 3 <= n; i += 3) {
+    double cmax = 0, csum = 0, tsum = 0, bmax = 0;
+    for (int q = 0; q < p; ++q) {
+      const double* x = &all[static_cast<size_t>(q) * n + i];
+      cmax = std::max(cmax, x[0]), csum += x[0], tsum += x[0] + x[1], bmax = std::max(bmax, x[2]);
+    }
+    r.steps_s += tsum / p, r.compute_s += csum / p, r.imbalance_s += cmax - csum / p;
+    r.exposed_s += std::max(0.0, tsum / p - cmax);
+    r.transfer_bytes += bmax;
+  }
+  if (exchange_bytes > 0) r.transfer_s = r.transfer_bytes / exchange_bytes * t_exchange;
+  return r;
 }
 
 // Non-finite counts of named tensors, summed over the ranks (collective).
@@ -464,33 +813,20 @@ int run(const Config& c, MPI_Comm comm) {
     kfa::detail::fail(m.str());
   }
   Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse("lse", s.batch, s.heads, s.n);
-  const bool bar = c.progress || isatty(2);
-  kfa::dist::RingStats fst, bst;
-  auto progress = [&](const char* what) {
-    return [&, what](int done, int all) {
-      if (rank != 0 || !bar) return;
-      const int w = 30, f = w * done / all;
-      std::fprintf(stderr, "\r%-8s [%s%s] %d/%d ring steps", what, std::string(f, '#').c_str(), std::string(w - f, '.').c_str(), done, all);
-      if (done == all) std::fprintf(stderr, "\n");
-      std::fflush(stderr);
-    };
-  };
-  fst.on_step = progress("forward");
-  bst.on_step = progress("backward");
-  // The ring exchange alone, to tell how much of it the compute hid.
+  // The bare ring exchange of one K/V shard, timed with nothing to hide it: the measured transfer time
+  // that "hidden" compares with. The faster of two (the first also pays for setting up connections).
+  const size_t exchange_count = static_cast<size_t>(2 * s.batch * max_over(double(s.n), comm) * s.kv_heads * s.d);
   double t_exchange = 0;
-  if (p > 1) {
-    long nmax = s.n;  // one message size on every rank (shards may differ by a token)
-    MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, comm);
-    Kokkos::View<T*, Mem> a("xa", 2 * s.batch * nmax * s.kv_heads * s.d), b("xb", a.size());
-    MPI_Barrier(comm);
-    const double t0 = MPI_Wtime();
-    kfa::dist::detail::RingExchange<Exec, decltype(a)> ex(Exec(), ring, a, a.size(), b, b.size(), 98);
-    ex.wait();
-    t_exchange = max_over(MPI_Wtime() - t0, comm);
-  }
+  if (p > 1)
+    t_exchange = std::min(kfa::dist::time_ring_exchange<T>(Exec(), ring, exchange_count),
+                          kfa::dist::time_ring_exchange<T>(Exec(), ring, exchange_count));
+  kfa::dist::RingStats fst, bst;
+  Progress progress(c, rank, p);
+  fst.on_step = progress.hook("forward", 0.0, 1.0, c.backward ? 3.5 : 1.0);
+  bst.on_step = progress.hook("backward", 1.0, 2.5, 3.5);
   MPI_Barrier(comm);
   const double tc0 = MPI_Wtime();
+  progress.start(tc0);
   kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse, opts, &fst);
   V4 dq, dk, dv;
   if (c.backward) {
@@ -498,23 +834,25 @@ int run(const Config& c, MPI_Comm comm) {
     kfa::dist::ring_attention_backward(Exec(), ring, q, k, v, o, d_o, lse, dq, dk, dv, opts, &bst);
   }
   const double t_compute_total = max_over(MPI_Wtime() - tc0, comm);
-  double compute = 0, wait = 0, merge = 0;
+  const StepSplit split = split_steps({&fst, &bst}, t_exchange, exchange_count * sizeof(T), comm);
+  double attention = 0, merge = 0;
   for (const auto* st : {&fst, &bst})
-    for (const auto& x : st->steps) compute += x.compute_s, wait += x.wait_s, merge += x.merge_s;
-  compute = max_over(compute, comm), wait = max_over(wait, comm), merge = max_over(merge, comm);
-  const int transfers = (p - 1) * (c.backward ? 2 : 1);
-  const double hidden = (p > 1 && t_exchange > 0) ? std::max(0.0, std::min(1.0, 1.0 - wait / (transfers * t_exchange))) : 1.0;
+    for (const auto& x : st->steps) attention += x.compute_s, merge += x.merge_s;
+  attention = max_over(attention, comm), merge = max_over(merge, comm);
+  corrupt_for_tests(o, dq, dk, dv);
 
   // ---- check ----------------------------------------------------------------------------------------
-  const auto oh = to_host<double>(o);
-  const auto lh = to_host3<double>(lse);
   CheckResult chk;
   bool check_ok = true;
   const double o_tol = c.check_tol >= 0 ? c.check_tol : tolerance<T>();
   const double lse_tol = c.check_tol >= 0 ? c.check_tol : tolerance<Acc>() * 10;
+  const double grad_tol = c.check_tol >= 0 ? c.check_tol : gradient_tolerance<T>();
   if (c.check > 0) {
-    chk = self_check(c, s, oh, lh, comm);
-    check_ok = chk.max_rel <= o_tol && chk.max_lse <= lse_tol;
+    Gradients g;
+    if (c.backward) g.dq = to_host<double>(dq), g.dk = to_host<double>(dk), g.dv = to_host<double>(dv);
+    chk = self_check(c, s, to_host<double>(o), to_host3<double>(lse), g, comm);
+    check_ok = chk.max_rel <= o_tol && chk.max_lse <= lse_tol &&
+               (!chk.gradients || (chk.dq_rel <= grad_tol && chk.dk_rel <= grad_tol && chk.dv_rel <= grad_tol));
   }
   // Non-finite results (NaN/Inf inputs let through, or scores that overflow the compute dtype): exit 4 and
   // nothing written, unless --allow-nonfinite.
@@ -523,6 +861,10 @@ int run(const Config& c, MPI_Comm comm) {
   if (c.backward) count_into(out_bad, "dq", dq), count_into(out_bad, "dk", dk), count_into(out_bad, "dv", dv);
   allreduce(out_bad, comm);
   const bool finite_ok = out_bad.total() == 0 || c.allow_nonfinite;
+
+  // Where dO came from (--backward): the input's dataset 'do', or generated.
+  const std::string do_source = !c.backward ? "" : (!c.generate && doi.exists) ? "file" : "generated";
+  const double scale_applied = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(s.d));
 
   // ---- write ----------------------------------------------------------------------------------------
   const double tw0 = MPI_Wtime();
@@ -544,14 +886,32 @@ int run(const Config& c, MPI_Comm comm) {
       w.write_rows("dk", kd, 1, s.segs, to_host<Store>(dk));
       w.write_rows("dv", kd, 1, s.segs, to_host<Store>(dv));
     }
-    const std::string win = c.window.empty() ? "-1 -1" : std::to_string(c.window[0]) + " " + std::to_string(c.window[1]);
-    for (auto kv : std::vector<std::pair<std::string, std::string>>{
-             {"kfa_version", KFA_VERSION_STRING}, {"kokkos_version", kfa::compat::kokkos_version_string()},
-             {"ranks", std::to_string(p)}, {"layout", c.layout}, {"dtype", c.dtype}, {"causal", c.causal ? "1" : "0"},
-             {"window", win}, {"scale", std::to_string(c.scale)}, {"softcap", std::to_string(c.softcap)},
-             {"backward", c.backward ? "1" : "0"}, {"source", c.generate ? "generate seed " + std::to_string(c.seed) : c.input},
-             {"io", kfa::io::io_mode()}})
-      w.attribute(kv.first, kv.second);
+    // The schema is documented in apps/README.md ("Output attributes"); keep the two in step.
+    w.attribute("kfa_version", KFA_VERSION_STRING);
+    w.attribute("kokkos_version", kfa::compat::kokkos_version_string());
+    w.attribute("mpi_version", mpi_runtime_version());
+    w.attribute("hdf5_version", kfa::io::hdf5_library_version());
+    w.attribute("backend", Exec::name());
+    w.attribute("io", kfa::io::io_mode());
+    w.attribute("ranks", p);
+    w.attribute("layout", c.layout);
+    w.attribute("dtype", c.dtype);
+    w.attribute("batch", s.batch);
+    w.attribute("seq", s.seq);
+    w.attribute("heads", s.heads);
+    w.attribute("kv_heads", s.kv_heads);
+    w.attribute("head_dim", s.d);
+    w.attribute("causal", c.causal);
+    w.attribute("window_left", c.window.empty() ? -1 : c.window[0]);
+    w.attribute("window_right", c.window.empty() ? -1 : c.window[1]);
+    w.attribute("scale", scale_applied);
+    w.attribute("scale_is_default", !(c.scale > 0));
+    w.attribute("softcap", c.softcap);
+    w.attribute("backward", c.backward);
+    w.attribute("source", c.generate ? std::string("generated") : c.input);
+    if (c.generate || do_source == "generated") w.attribute("seed", static_cast<long long>(c.seed));
+    if (c.backward) w.attribute("do_source", do_source);
+    w.attribute("check_rows", chk.rows);
     w.close();
   }
   const double t_write = max_over(MPI_Wtime() - tw0, comm);
@@ -561,6 +921,8 @@ int run(const Config& c, MPI_Comm comm) {
   getrusage(RUSAGE_SELF, &ru);
   const double mem_mib = max_over(ru.ru_maxrss / 1024.0, comm);
   const double flops = 4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
+  const bool hidden_known = split.transfer_s > 0;
+  const double hidden = hidden_known ? std::max(0.0, std::min(1.0, 1.0 - split.exposed_s / split.transfer_s)) : 0.0;
   if (rank == 0) {
     std::ostringstream rep;
     rep << "kfa-longseq " << KFA_VERSION_STRING << " (Kokkos " << kfa::compat::kokkos_version_string() << ", "
@@ -570,17 +932,47 @@ int run(const Config& c, MPI_Comm comm) {
         << (c.backward ? ", forward+backward" : ", forward") << "\n"
         << "  ring transport: " << ring.transport<Mem>() << ", messages of at most " << ring.max_message_bytes()
         << " bytes\n";
-    char line[512];
+    if (c.backward)
+      rep << "  dO: " << (do_source == "file" ? "dataset 'do' of " + c.input
+                                              : c.generate ? "generated (seed " + std::to_string(c.seed) + ")"
+                                                           : "generated (seed " + std::to_string(c.seed) + "): " + c.input +
+                                                                 " has no dataset 'do'")
+          << "\n";
+    char line[768];
+    std::snprintf(line, sizeof line, "  read %s | compute %s | write %s\n", secs(t_read).c_str(), secs(t_compute_total).c_str(),
+                  secs(t_write).c_str());
+    rep << line;
     std::snprintf(line, sizeof line,
-                  "  read %.3f s | compute %.3f s (attention %.3f s, merge %.3f s, communication wait %.3f s) | write %.3f s\n"
-                  "  %.3f TFLOP/s, %.0f tokens/s, memory high-water %.1f MiB per rank (max), communication hidden %.0f%%\n",
-                  t_read, t_compute_total, compute, merge, wait, t_write, flops / t_compute_total * 1e-12,
-                  s.batch * s.seq / t_compute_total, mem_mib, hidden * 100);
+                  "  ring steps %s (mean over ranks) = compute %s + load imbalance %s + communication not hidden %s; "
+                  "outside the steps %s\n  busiest rank: attention %s, merge %s\n",
+                  secs(split.steps_s).c_str(), secs(split.compute_s).c_str(), secs(split.imbalance_s).c_str(),
+                  secs(split.exposed_s).c_str(), secs(std::max(0.0, t_compute_total - split.steps_s)).c_str(),
+                  secs(attention).c_str(), secs(merge).c_str());
+    rep << line;
+    if (hidden_known)
+      std::snprintf(line, sizeof line,
+                    "  transfers %s measured alone (%.0f bytes per rank; one bare exchange of %.0f bytes: %s), "
+                    "communication hidden %.0f%%\n",
+                    secs(split.transfer_s).c_str(), split.transfer_bytes, double(exchange_count * sizeof(T)),
+                    secs(t_exchange).c_str(), hidden * 100);
+    else
+      std::snprintf(line, sizeof line, "  transfers none (%s), communication hidden n/a\n", p == 1 ? "one rank" : "no ring step sent");
+    rep << line;
+    std::snprintf(line, sizeof line, "  %.3f TFLOP/s, %.0f tokens/s, memory high-water %.1f MiB per rank (max)\n",
+                  flops / t_compute_total * 1e-12, s.batch * s.seq / t_compute_total, mem_mib);
     rep << line;
     if (c.check > 0) {
       std::snprintf(line, sizeof line, "  check: %d rows vs float64: max abs error %.3e, max relative error %.3e (tolerance %.0e), lse %.3e: %s\n",
                     chk.rows, chk.max_abs, chk.max_rel, o_tol, chk.max_lse, check_ok ? "PASS" : "FAIL");
       rep << line;
+      if (chk.gradients) {
+        std::snprintf(line, sizeof line,
+                      "  check gradients: dq %d query rows %.3e, dk %.3e and dv %.3e over %d key rows (relative L2 vs "
+                      "float64, tolerance %.0e)%s\n",
+                      chk.rows, chk.dq_rel, chk.dk_rel, chk.dv_rel, chk.key_rows, grad_tol,
+                      chk.dq_rel <= grad_tol && chk.dk_rel <= grad_tol && chk.dv_rel <= grad_tol ? "" : ": FAIL");
+        rep << line;
+      }
     }
     if (in_bad.total() > 0 || out_bad.total() > 0)
       rep << "  non-finite values: inputs " << in_bad.text() << "; outputs " << out_bad.text()
@@ -620,20 +1012,41 @@ int run(const Config& c, MPI_Comm comm) {
     MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
     json_tmp = kfa::io::temporary_path(c.json, id);
     if (rank == 0) {
-      std::ostringstream js;
-      js << "{\"kfa_version\": \"" << KFA_VERSION_STRING << "\", \"kokkos_version\": \"" << kfa::compat::kokkos_version_string()
-         << "\", \"backend\": \"" << Exec::name() << "\", \"io\": \"" << kfa::io::io_mode() << "\", \"ranks\": " << p
-         << ", \"layout\": \"" << c.layout << "\", \"dtype\": \"" << c.dtype << "\", \"batch\": " << s.batch << ", \"seq\": " << s.seq
-         << ", \"heads\": " << s.heads << ", \"kv_heads\": " << s.kv_heads << ", \"head_dim\": " << s.d
-         << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"backward\": " << (c.backward ? "true" : "false")
-         << ", \"read_s\": " << t_read << ", \"compute_s\": " << t_compute_total << ", \"attention_s\": " << compute
-         << ", \"merge_s\": " << merge << ", \"communication_wait_s\": " << wait << ", \"write_s\": " << t_write
-         << ", \"tflops\": " << flops / t_compute_total * 1e-12 << ", \"tokens_per_s\": " << s.batch * s.seq / t_compute_total
-         << ", \"memory_high_water_mib\": " << mem_mib << ", \"communication_hidden\": " << hidden
-         << ", \"check_rows\": " << chk.rows << ", \"check_max_rel_error\": " << chk.max_rel
-         << ", \"check_pass\": " << (check_ok ? "true" : "false") << ", \"nonfinite_inputs\": " << in_bad.json()
-         << ", \"nonfinite_outputs\": " << out_bad.json() << ", \"output\": \"" << json_escape(c.output) << "\"}\n";
-      err = kfa::io::write_text_temporary(json_tmp, js.str());
+      Json js;
+      js.add("kfa_version", KFA_VERSION_STRING).add("kokkos_version", kfa::compat::kokkos_version_string());
+      js.add("mpi_version", mpi_runtime_version()).add("hdf5_version", kfa::io::hdf5_library_version());
+      js.add("backend", Exec::name()).add("io", kfa::io::io_mode()).add("ranks", p).add("layout", c.layout);
+      js.add("dtype", c.dtype).add("batch", s.batch).add("seq", s.seq).add("heads", s.heads).add("kv_heads", s.kv_heads);
+      js.add("head_dim", s.d).add("causal", c.causal).add("backward", c.backward).add("scale", scale_applied);
+      js.add("do_source", do_source.empty() ? Json::null() : Json::str(do_source));
+      js.add("read_s", t_read).add("compute_s", t_compute_total).add("write_s", t_write);
+      js.add("attention_s", attention).add("merge_s", merge);
+      js.add("steps_s", split.steps_s).add("step_compute_s", split.compute_s).add("load_imbalance_s", split.imbalance_s);
+      js.add("communication_not_hidden_s", split.exposed_s).add("transfer_s", split.transfer_s);
+      js.add("transfer_bytes", split.transfer_bytes).add("exchange_alone_s", t_exchange);
+      js.add("communication_hidden", hidden_known ? Json::num(hidden) : Json::null());
+      js.add("tflops", flops / t_compute_total * 1e-12).add("tokens_per_s", s.batch * s.seq / t_compute_total);
+      js.add("memory_high_water_mib", mem_mib);
+      if (c.check > 0) {
+        Json ck;
+        ck.add("rows", chk.rows).add("o_max_abs_error", chk.max_abs).add("o_max_rel_error", chk.max_rel);
+        ck.add("lse_max_error", chk.max_lse).add("o_tolerance", o_tol).add("lse_tolerance", lse_tol);
+        if (chk.gradients) {
+          Json gr;
+          gr.add("query_rows", chk.rows).add("key_rows", chk.key_rows).add("dq_rel_error", chk.dq_rel);
+          gr.add("dk_rel_error", chk.dk_rel).add("dv_rel_error", chk.dv_rel).add("tolerance", grad_tol);
+          ck.add("gradients", gr);
+        } else {
+          ck.add("gradients", Json::null());
+        }
+        ck.add("pass", check_ok);
+        js.add("check", ck);
+      } else {
+        js.add("check", Json::null());
+      }
+      js.add("nonfinite_inputs", Json::raw(in_bad.json())).add("nonfinite_outputs", Json::raw(out_bad.json()));
+      js.add("output", c.output.empty() ? Json::null() : Json::str(c.output));
+      err = kfa::io::write_text_temporary(json_tmp, js.text() + "\n");
       if (!err.empty()) err = "kfa-longseq: --json " + c.json + ": " + err + kfa::io::full_filesystem_hint(c.json);
     }
     kfa::io::detail::agree(comm, err);  // throws on every rank; the Writer then removes its temporary
@@ -712,16 +1125,21 @@ int main(int argc, char** argv) {
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Config c;
-  CLI::App app{"kfa-longseq: exact attention over one long sequence on many MPI ranks"};
-  auto* in = app.add_option("--input", c.input, "HDF5 file with datasets q, k, v [batch, seq, heads, head_dim] (k, v may have fewer heads)")->check(CLI::ExistingFile);
+  CLI::App app{"kfa-longseq: exact attention over one long sequence on many MPI ranks (ring attention over MPI, "
+               "HDF5 in and out, a float64 self-check and a performance report). Needs seq >= ranks (contiguous) or "
+               "seq >= 2 x ranks (zigzag). [default] after each option; sizes in tokens, elements or bytes as said."};
+  app.option_defaults()->always_capture_default();
+  auto* in = app.add_option("--input", c.input, "HDF5 file with datasets q, k, v [batch, seq, heads, head_dim] (k, v may have fewer heads; 'do' for --backward)")->check(CLI::ExistingFile);
   auto* gen = app.add_flag("--generate", c.generate, "generate deterministic inputs instead (same tensors for any rank count)");
   in->excludes(gen);
-  app.add_option("--batch", c.batch, "with --generate")->check(CLI::PositiveNumber);
-  app.add_option("--seqlen", c.seqlen, "with --generate")->check(CLI::PositiveNumber);
-  app.add_option("--heads", c.heads, "with --generate")->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", c.kv_heads, "with --generate (default: --heads)")->check(CLI::NonNegativeNumber);
-  app.add_option("--head-dim", c.head_dim, "with --generate: a multiple of 8 in [8, 256]")->check(CLI::PositiveNumber);
-  app.add_option("--seed", c.seed, "with --generate: a non-negative integer")
+  app.add_option("--batch", c.batch, "with --generate: sequences in the batch")->check(CLI::PositiveNumber);
+  app.add_option("--seqlen", c.seqlen, "with --generate: sequence length in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--heads", c.heads, "with --generate: query heads")->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", c.kv_heads, "with --generate: key/value heads, a divisor of --heads")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("--heads");
+  app.add_option("--head-dim", c.head_dim, "with --generate: elements per head, a multiple of 8 in [8, 256]")->check(CLI::PositiveNumber);
+  app.add_option("--seed", c.seed, "with --generate (and for a generated dO, or --check's rows): a non-negative integer")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
@@ -729,27 +1147,38 @@ int main(int argc, char** argv) {
                        : "must be a non-negative integer, got '" + v + "'";
           },
           "NONNEGATIVE"));
-  app.add_option("--dtype", c.dtype, "compute type")->check(CLI::IsMember({"float64", "float32", "float16", "bfloat16"}));
+  app.add_option("--dtype", c.dtype, "compute type (inputs are rounded to it)")->check(CLI::IsMember({"float64", "float32", "float16", "bfloat16"}));
   app.add_flag("--causal", c.causal, "causal mask (bottom-right aligned)");
-  app.add_option("--window", c.window, "sliding window L R (-1 = unbounded)")->expected(2);
-  app.add_option("--scale", c.scale, "softmax scale (default 1/sqrt(head_dim))")->check(CLI::NonNegativeNumber);
-  app.add_option("--softcap", c.softcap, "score softcap (0 = off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--layout", c.layout, "how the sequence is sharded")->check(CLI::IsMember({"contiguous", "zigzag"}));
-  app.add_option("--max-message-bytes", c.max_message_bytes,
-                 "split ring messages into chunks of at most this many bytes (default 1073741824)")
-      ->check(CLI::Range(1L, 2147483647L));
-  app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO read from dataset 'do' or generated)");
-  app.add_option("--output", c.output, "write o, lse (and gradients) to this HDF5 file");
-  app.add_option("--check", c.check, "check K random query rows per rank against float64")->check(CLI::NonNegativeNumber);
-  app.add_option("--check-tol", c.check_tol,
-                 "relative error --check allows in o and lse (default: o 1e-12 float64, 1e-5 float32, 1e-2 float16/bfloat16; "
-                 "lse 10x the accumulator's)")
+  app.add_option("--window", c.window, "sliding window: L R keys left and right of the diagonal (-1 = unbounded)")
+      ->expected(2)
+      ->default_str("-1 -1");
+  app.add_option("--scale", c.scale, "softmax scale multiplying q.k")->check(CLI::NonNegativeNumber)->default_str("1/sqrt(head_dim)");
+  app.add_option("--softcap", c.softcap, "score softcap: softcap*tanh(score/softcap) (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--layout", c.layout, "how the sequence is sharded over the ranks (zigzag balances causal work)")->check(CLI::IsMember({"contiguous", "zigzag"}));
+  app.add_option("--max-message-bytes", c.max_message_bytes, "split ring messages into chunks of at most this many bytes")
+      ->check(CLI::Range(1L, 2147483647L))
+      ->default_str("1073741824 (1 GiB)");
+  app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO from the input's dataset 'do', else generated with --seed: reported)");
+  app.add_option("--output", c.output, "write o, lse (and dq, dk, dv) and typed attributes to this HDF5 file")->default_str("none");
+  app.add_option("--check", c.check,
+                 "check K random query rows per rank (o, lse; with --backward also dq of those rows and dk, dv of K "
+                 "random key rows) against float64 from the definition (0 = no check)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--json", c.json, "write the summary as JSON to this file");
+  app.add_option("--check-tol", c.check_tol,
+                 "relative error --check allows (o: 1e-12 float64, 1e-5 float32, 1e-2 float16/bfloat16; lse 10x the "
+                 "accumulator's; dq, dk, dv 10x o's)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("per dtype");
+  app.add_option("--json", c.json, "write the summary as JSON to this file")->default_str("none");
   app.add_flag("--allow-nonfinite", c.allow_nonfinite,
                "accept NaN/Inf in q, k, v, do (refused with exit 2 otherwise) and write non-finite results (exit 4 "
                "otherwise); the counts are reported");
-  app.add_flag("--progress", c.progress, "progress bar on stderr even when it is not a terminal");
+  auto* prog = app.add_flag("--progress", c.progress, "progress as a bar on stderr even when it is not a terminal");
+  auto* quiet = app.add_flag("--quiet", c.quiet, "no progress output (the report on stdout stays)");
+  prog->excludes(quiet);
+  app.add_option("--progress-interval", c.progress_interval,
+                 "seconds: when stderr is not a terminal, a progress line after a ring step at most this often")
+      ->check(CLI::NonNegativeNumber);
   app.footer("Exit status: 0 success; 2 a refused option or input (non-finite values in q/k/v/do included, unless "
              "--allow-nonfinite) or a failed read/write; 3 --check failed; 4 non-finite results (NaN/Inf in o, lse or "
              "the gradients: overflow? use --dtype float64 or a smaller --scale) unless --allow-nonfinite. A non-zero "

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // Parallel I/O when the HDF5 library has MPI-IO, unless KFA_IO_FORCE_SERIAL asks for the rank-0 path
@@ -49,6 +50,13 @@ inline std::string mpi_library_version() {
 #else
   return std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION);
 #endif
+}
+
+/// The HDF5 library's version at run time ("1.10.8").
+inline std::string hdf5_library_version() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  return std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel);
 }
 
 /// Longest path (in characters, as handed to MPI_File_open) that this MPI's MPI-IO opens without aborting
@@ -557,17 +565,31 @@ class Writer {
     agree(err);
 #endif
   }
-  /// A string attribute on the file's root group (same value on every rank). Collective.
+  /// Attributes on the file's root group, typed (same value on every rank; collective): a string as a
+  /// variable-length UTF-8 string (h5py reads str), a bool as HDF5's enum {FALSE, TRUE} over int8 (what
+  /// h5py writes for numpy.bool_, and reads back as one), an integer as int64, a floating-point value as
+  /// float64.
   void attribute(const std::string& key, const std::string& value) {
-    std::string err;
-    if (parallel_hdf5() || m_rank == 0) {
-      detail::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-      H5Tset_size(type, value.size() + 1);
-      detail::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-      detail::Handle attr(H5Acreate2(m_file, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-      if (attr.id < 0 || H5Awrite(attr, type, value.c_str()) < 0) err = failure("writing attribute '" + key + "' to");
-    }
-    agree(err);
+    detail::Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);
+    const char* p = value.c_str();
+    write_attribute(key, type, &p);
+  }
+  void attribute(const std::string& key, const char* value) { attribute(key, std::string(value)); }
+  void attribute(const std::string& key, bool value) {
+    detail::Handle type(H5Tenum_create(H5T_NATIVE_SCHAR), H5Tclose);
+    signed char f = 0, t = 1;
+    H5Tenum_insert(type, "FALSE", &f);
+    H5Tenum_insert(type, "TRUE", &t);
+    const signed char v = value ? 1 : 0;
+    write_attribute(key, type, &v);
+  }
+  void attribute(const std::string& key, double value) { write_attribute(key, H5T_NATIVE_DOUBLE, &value); }
+  template <class I, typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value, int>::type = 0>
+  void attribute(const std::string& key, I value) {
+    const long long v = static_cast<long long>(value);
+    write_attribute(key, H5T_NATIVE_LLONG, &v);
   }
   /// Flushes and closes the temporary, checking both on every rank; on a failure anywhere every rank
   /// throws (the temporary is removed, `path` untouched). Collective; commit() calls it if needed.
@@ -607,6 +629,16 @@ class Writer {
   std::string failure(const std::string& what) const {
     return "kfa::io: --output " + m_path + ": " + what + " " + m_tmp + " failed (" + detail::hdf5_error_text() + ")" +
            full_filesystem_hint(m_path);
+  }
+  // A scalar attribute of `type` from `value` (the memory layout of one element of `type`). Collective.
+  void write_attribute(const std::string& key, hid_t type, const void* value) {
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) {
+      detail::Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+      detail::Handle attr(H5Acreate2(m_file, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      if (attr.id < 0 || H5Awrite(attr, type, value) < 0) err = failure("writing attribute '" + key + "' to");
+    }
+    agree(err);
   }
   // Every rank throws the first failing rank's message; the destructor then discards (collectively).
   void agree(const std::string& err) {
