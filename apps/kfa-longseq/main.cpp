@@ -557,7 +557,8 @@ void corrupt_for_tests(const V& o, const V& dq, const V& dk, const V& dv) {
 
 // A person watching the run sees this (rank 0, stderr): on a terminal (or with --progress) a bar redrawn
 // after every ring step; otherwise a line after a ring step when at least --progress-interval seconds
-// (10) passed since the last one, so a long run says it is alive without flooding a log. Elapsed time and an
+// (10) passed since the last one, so a long run says it is alive without flooding a log. (Open MPI's mpirun
+// gives ranks a pipe for stderr even on a terminal: there the lines, unless --progress.) Elapsed time and an
 // ETA of the whole computation: the backward pass counts 2.5 forward passes (its FLOP ratio). --quiet: none.
 class Progress {
  public:

@@ -320,17 +320,19 @@ def long_names_and_debris(tmp):
 
 
 def run_split(np_, *args, timeout=300, env=None):
-    """Like run(), with stdout and stderr apart: (exit status, stdout, stderr)."""
+    """Like run(), with stdout and stderr apart and carriage returns kept (no universal newlines):
+    (exit status, stdout, stderr)."""
     cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                          env=dict(os.environ, **(env or {})))
     try:
         out, err = p.communicate(timeout=timeout)
-        return p.returncode, out, err
+        return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
     except subprocess.TimeoutExpired:
         kill_session(p.pid)
         out, err = p.communicate()
-        return 124, out or "", (err or "") + f"\n[killed after {timeout} s: hang]"
+        return 124, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace") + \
+            f"\n[killed after {timeout} s: hang]"
 
 
 def help_and_progress(tmp):
@@ -361,6 +363,36 @@ def help_and_progress(tmp):
     rc, out, err = run_split(2, *base, "--quiet", "--progress-interval", 0, timeout=120)
     check(rc == 0 and "ring step" not in err and "computing" not in err and "TFLOP/s" in out,
           f"--quiet: no progress on stderr, the report on stdout (exit {rc})")
+    # On a terminal a bar. Open MPI's mpirun gives every rank a pipe for stderr even on a terminal, so the
+    # terminal case runs as a singleton (no mpirun) with stderr on a pseudo-terminal; --progress asks for the
+    # bar under mpirun.
+    import pty
+    m, sl = pty.openpty()
+    p = subprocess.Popen([APP, *map(str, base[:7]), "--backward"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=sl, start_new_session=True)
+    os.close(sl)
+    tty = b""
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        try:
+            chunk = os.read(m, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        tty += chunk
+    os.close(m)
+    try:
+        p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        kill_session(p.pid)
+    tty = tty.decode(errors="replace")
+    check(p.returncode == 0 and "\r" in tty and "[##" in tty and "ring step 1/1" in tty and "ETA" in tty
+          and "computing" not in tty, f"progress on a terminal (singleton, stderr a pty): a bar (exit {p.returncode})")
+    if "\r" not in tty:
+        print(repr(tty[-500:]))
+    rc, out, err = run_split(2, *base, "--progress", timeout=120)
+    check(rc == 0 and "\r" in err and "[##" in err and "ring step 2/2" in err, f"--progress under mpirun: the bar (exit {rc})")
     rc, out, err = run_split(1, *base, "--quiet", "--progress", timeout=60)
     check(rc == 2 and "--quiet" in err and "--progress" in err, f"--quiet with --progress refused: exit {rc} (want 2)")
 
