@@ -8,7 +8,9 @@
 //
 // Also times attention_forward (+ attention_backward) of one rank's shard as one local call in the same
 // run ("single"): at P = 1 the ring should match it.
-// Hidden fraction per step = 1 − wait / (time of the same exchange with no compute, measured here); times
+// Hidden fraction per step = 1 − wait / (time of the same exchange with no compute, measured here), where
+// wait is the time blocked on transfers after the step's compute and "imbalance" the end-of-step agreement
+// (waiting for the slowest rank); times
 // are the maximum over ranks. GFLOP/s counts the whole sequence's attention (4·H·N²·d, halved for
 // causal; ×3.5 with --backward for forward+backward) over the slowest rank's time.
 #include <Kokkos_Random.hpp>
@@ -94,13 +96,14 @@ void run(const Args& args, int rank, int p) {
       if (r > 0 && t < best_t) best_t = t, best = st;
     }
     const double flops = 4.0 * heads * double(n_total) * n_total * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
-    double compute = 0, wait = 0, hidden_sum = 0;
+    double compute = 0, wait = 0, sync = 0, hidden_sum = 0;
     int hidden_n = 0;
-    std::vector<double> sc(p), sw(p);
+    std::vector<double> sc(p), sw(p), ss(p);
     for (int s = 0; s < p; ++s) {
-      sc[s] = max_over_ranks(best.steps[s].compute_s, MPI_COMM_WORLD);
+      sc[s] = max_over_ranks(best.steps[s].compute_s + best.steps[s].merge_s, MPI_COMM_WORLD);
       sw[s] = max_over_ranks(best.steps[s].wait_s, MPI_COMM_WORLD);
-      compute += sc[s], wait += sw[s];
+      ss[s] = max_over_ranks(best.steps[s].sync_s, MPI_COMM_WORLD);
+      compute += sc[s], wait += sw[s], sync += ss[s];
       if (s + 1 < p && t_comm > 0) {
         hidden_sum += std::min(1.0, std::max(0.0, 1.0 - sw[s] / t_comm));
         ++hidden_n;
@@ -123,15 +126,15 @@ void run(const Args& args, int rank, int p) {
       std::printf("kfa_bench_ring %s transport: %s; single (one local call on one shard, %ld tokens): %.4f s, %.1f GFLOP/s\n",
                   kfa::dtype_name<T>().c_str(), best.transport.c_str(), n, best_single, single_flops / best_single * 1e-9);
       std::printf("kfa_bench_ring P=%d N=%ld tokens/rank=%ld heads=%d/%d d=%d layout=%s causal=%d %s: time %.4f s, "
-                  "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, exchange alone %.4f s, "
-                  "hidden %.2f\n",
+                  "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, imbalance %.4f s, exchange alone "
+                  "%.4f s, hidden %.2f\n",
                   p, n_total, n_total / p, heads, kv_heads, d, kfa::dist::to_string(layout).c_str(), causal ? 1 : 0,
                   backward ? "fwd+bwd" : "fwd", best_t, flops / best_t * 1e-9, flops / best_t * 1e-9 / p, compute, wait,
-                  t_comm, hidden_n ? hidden_sum / hidden_n : 1.0);
+                  sync, t_comm, hidden_n ? hidden_sum / hidden_n : 1.0);
       if (steps)
         for (int s = 0; s < p; ++s)
-          std::printf("  step %d: compute %.4f s, wait %.4f s, %zu bytes sent by rank 0, %d blocks\n", s, sc[s], sw[s],
-                      best.steps[s].bytes, best.steps[s].blocks);
+          std::printf("  step %d: compute %.4f s, wait %.4f s, imbalance %.4f s, %zu bytes sent by rank 0, %d blocks\n",
+                      s, sc[s], sw[s], ss[s], best.steps[s].bytes, best.steps[s].blocks);
     }
   }
 }

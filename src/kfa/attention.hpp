@@ -198,8 +198,7 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
   Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
   if (batch > 0 && hq > 0 && nq > 0)
-    Kokkos::parallel_for("kfa::attention_backward::D",
-                         Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(space, {0, 0, 0}, {batch, hq, nq}),
+    Kokkos::parallel_for("kfa::attention_backward::D", range_like(space, dd),
                          RowDotKernel<ExecSpace, OV, DOV, decltype(dd)>{o, d_o, dd});
   return dd;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 // Device-side code path marker. Kokkos 3.4 has no KOKKOS_IF_ON_DEVICE, so we test the compilers' macros.
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
@@ -89,6 +90,17 @@ void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scal
 template <class ExecSpace>
 int scratch_size_max_l0() {
   return Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0);
+}
+
+/// n instances of `space`'s backend that may run concurrently (their own CUDA streams, say); Kokkos 3.4
+/// has no partition_space, so there it is n copies of `space` (one queue: correct, not concurrent).
+template <class ExecSpace>
+std::vector<ExecSpace> partition_space(const ExecSpace& space, int n) {
+#if KOKKOS_VERSION >= 40000
+  return Kokkos::Experimental::partition_space(space, std::vector<int>(static_cast<std::size_t>(n), 1));
+#else
+  return std::vector<ExecSpace>(static_cast<std::size_t>(n), space);
+#endif
 }
 
 /// Human name of a Kokkos version number, e.g. "3.4.1".

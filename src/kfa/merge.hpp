@@ -1,6 +1,7 @@
 #pragma once
 /// Merging attention partials computed over disjoint key sets (split-KV decoding, ring attention, a
 /// user's own sharding) with the combine rule of online_softmax.hpp.
+#include <kfa/detail/ranges.hpp>
 #include <kfa/online_softmax.hpp>
 
 namespace kfa {
@@ -24,18 +25,17 @@ void merge_attention(const ExecSpace& space, const OA& o_a, const LA& lse_a, con
       detail::fail("kfa::merge_attention: lse_a / lse_b must be [batch, heads, seq] = [", o_a.extent(0), ", ",
                    o_a.extent(2), ", ", o_a.extent(1), "]");
   if (o_a.size() == 0) return;
-  const int d = static_cast<int>(o_a.extent(3));
-  Kokkos::parallel_for("kfa::merge_attention",
-                       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>(
-                           space, {0, 0, 0},
-                           {static_cast<long>(o_a.extent(0)), static_cast<long>(o_a.extent(1)),
-                            static_cast<long>(o_a.extent(2))}),
-                       KOKKOS_LAMBDA(const long b, const long i, const long h) {
+  // Two passes in memory order: the outputs element by element (each recomputes its row's weights from
+  // the unchanged LSEs), then the LSEs.
+  Kokkos::parallel_for("kfa::merge_attention::o", detail::range_like(space, o_a),
+                       KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h,
+                                     const std::int64_t c) {
                          const LseMerge<Acc> m = merge_lse<Acc>(lse_a(b, h, i), static_cast<Acc>(lse_b(b, h, i)));
-                         for (int c = 0; c < d; ++c)
-                           o_a(b, i, h, c) =
-                               m.weight_a * o_a(b, i, h, c) + m.weight_b * static_cast<Acc>(o_b(b, i, h, c));
-                         lse_a(b, h, i) = m.lse;
+                         o_a(b, i, h, c) = m.weight_a * o_a(b, i, h, c) + m.weight_b * static_cast<Acc>(o_b(b, i, h, c));
+                       });
+  Kokkos::parallel_for("kfa::merge_attention::lse", detail::range_like(space, lse_a),
+                       KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t h, const std::int64_t i) {
+                         lse_a(b, h, i) = merge_lse<Acc>(lse_a(b, h, i), static_cast<Acc>(lse_b(b, h, i))).lse;
                        });
 }
 

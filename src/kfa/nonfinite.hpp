@@ -15,6 +15,7 @@
 /// Callers that must not pass bad data on should scan inputs and outputs with count_nonfinite (an
 /// O(elements) pass on the tensor's own execution space) — kfa-longseq does, see --allow-nonfinite.
 #include <kfa/compat.hpp>
+#include <kfa/detail/ranges.hpp>
 #include <kfa/types.hpp>
 
 #include <cstddef>
@@ -40,24 +41,18 @@ std::size_t count_nonfinite(const ExecSpace& space, const View& v) {
   static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
                 "kfa::count_nonfinite: the View's memory is not accessible from the execution space");
   using T = typename View::non_const_value_type;
-  using Index = Kokkos::IndexType<std::int64_t>;
   if (v.size() == 0) return 0;
   std::size_t n = 0;
   if constexpr (View::rank == 4) {
-    Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>, Index> pol(
-        space, {0, 0, 0, 0},
-        {std::int64_t(v.extent(0)), std::int64_t(v.extent(1)), std::int64_t(v.extent(2)), std::int64_t(v.extent(3))});
     Kokkos::parallel_reduce(
-        "kfa::count_nonfinite", pol,
+        "kfa::count_nonfinite", detail::range_like(space, v),
         KOKKOS_LAMBDA(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t e, std::size_t& acc) {
           acc += detail::nonfinite_one<T>(v(a, b, c, e));
         },
         n);
   } else {
-    Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, Index> pol(
-        space, {0, 0, 0}, {std::int64_t(v.extent(0)), std::int64_t(v.extent(1)), std::int64_t(v.extent(2))});
     Kokkos::parallel_reduce(
-        "kfa::count_nonfinite", pol,
+        "kfa::count_nonfinite", detail::range_like(space, v),
         KOKKOS_LAMBDA(std::int64_t a, std::int64_t b, std::int64_t c, std::size_t& acc) { acc += detail::nonfinite_one<T>(v(a, b, c)); }, n);
   }
   space.fence();

@@ -12,6 +12,7 @@
 /// A row whose LSE is −inf saw no key: its P row is 0, so it contributes nothing.
 #include <kfa/detail/fast_exp.hpp>
 #include <kfa/detail/mask.hpp>
+#include <kfa/detail/ranges.hpp>
 #include <kfa/detail/tile_products.hpp>
 #include <kfa/online_softmax.hpp>
 #include <kfa/tiling.hpp>
@@ -27,7 +28,7 @@ struct RowDotKernel {
   OV o;
   DOV d_o;
   DV dd;
-  KOKKOS_FUNCTION void operator()(const int b, const int h, const int i) const {
+  KOKKOS_FUNCTION void operator()(const std::int64_t b, const std::int64_t h, const std::int64_t i) const {
     Acc acc = 0;
     for (int c = 0; c < static_cast<int>(o.extent(3)); ++c)
       acc += static_cast<Acc>(d_o(b, i, h, c)) * static_cast<Acc>(o(b, i, h, c));
@@ -40,12 +41,9 @@ template <class ExecSpace, class View>
 void zero4(const ExecSpace& space, const View& x, const char* label) {
   using T = typename View::non_const_value_type;
   if (x.size() == 0) return;
-  Kokkos::parallel_for(label,
-                       Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<4>>(
-                           space, {0, 0, 0, 0},
-                           {static_cast<long>(x.extent(0)), static_cast<long>(x.extent(1)),
-                            static_cast<long>(x.extent(2)), static_cast<long>(x.extent(3))}),
-                       KOKKOS_LAMBDA(const long a, const long b, const long c, const long d) { x(a, b, c, d) = T(0); });
+  Kokkos::parallel_for(label, range_like(space, x),
+                       KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c,
+                                     const std::int64_t d) { x(a, b, c, d) = T(0); });
 }
 
 /// LSE as used for recomputing P: +inf for a row that saw no key, so exp(s − lse) = 0 there.
