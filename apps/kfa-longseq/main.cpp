@@ -1140,7 +1140,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->default_str("--heads");
   app.add_option("--head-dim", c.head_dim, "with --generate: elements per head, a multiple of 8 in [8, 256]")->check(CLI::PositiveNumber);
-  app.add_option("--seed", c.seed, "with --generate (and for a generated dO, or --check's rows): a non-negative integer")
+  app.add_option("--seed", c.seed, "with --generate: a non-negative integer (a generated dO and --check's rows use it too; with --input it is 1)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
