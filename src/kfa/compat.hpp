@@ -92,17 +92,6 @@ int scratch_size_max_l0() {
   return Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0);
 }
 
-/// n instances of `space`'s backend that may run concurrently (their own CUDA streams, say); Kokkos 3.4
-/// has no partition_space, so there it is n copies of `space` (one queue: correct, not concurrent).
-template <class ExecSpace>
-std::vector<ExecSpace> partition_space(const ExecSpace& space, int n) {
-#if KOKKOS_VERSION >= 40000
-  return Kokkos::Experimental::partition_space(space, std::vector<int>(static_cast<std::size_t>(n), 1));
-#else
-  return std::vector<ExecSpace>(static_cast<std::size_t>(n), space);
-#endif
-}
-
 /// Human name of a Kokkos version number, e.g. "3.4.1".
 inline std::string kokkos_version_string() {
   return std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +

@@ -743,45 +743,6 @@ inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, i
   return last;
 }
 
-/// The most (query segment, key segment) blocks rank `me` computes in one step of a ring that stops at
-/// step `last`: how many partial results a step can have in flight at once.
-inline int max_blocks_per_step(const ShardMap& map, const AttentionOptions& opts, int p, int me, int last) {
-  int most = 1;
-  for (int s = 0; s <= last; ++s) {
-    int n = 0;
-    for (const Segment& qs : map.q_segments(me))
-      for (const Segment& ks : map.k_segments((me - s + p) % p)) {
-        kfa::detail::Positions pos;
-        if (block_visible(qs, ks, map, opts, pos)) ++n;
-      }
-    most = std::max(most, n);
-  }
-  return most;
-}
-
-/// Execution-space instances for the blocks of one ring step. On a device, `blocks` instances with
-/// streams of their own (kept in the Ring): the blocks write separate partial results, so they can run
-/// concurrently and one block's last, partly filled wave overlaps the next block's start. On host
-/// backends, and when KFA_RING_LANES=1, `space` alone (blocks run in order, each merged at once).
-template <class ExecSpace>
-std::vector<ExecSpace> block_lanes(const Ring& ring, const ExecSpace& space, int blocks) {
-  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
-  int n = host ? 1 : blocks;
-  if (const char* e = std::getenv("KFA_RING_LANES")) n = std::min(n, std::max(1, std::atoi(e)));
-  if (n <= 1) return {space};
-  std::shared_ptr<void>& slot =
-      ring.staging_slot(std::string("kfa::dist::lanes::") + ExecSpace::name() + "::" + std::to_string(n));
-  if (!slot) slot = std::make_shared<std::vector<ExecSpace>>(compat::partition_space(space, n));
-  return *static_cast<std::vector<ExecSpace>*>(slot.get());
-}
-
-/// Waits (on the host) for everything enqueued on `lanes`, when they are not `space` itself.
-template <class ExecSpace>
-void fence_lanes(const std::vector<ExecSpace>& lanes) {
-  if (lanes.size() > 1)
-    for (const ExecSpace& l : lanes) l.fence();
-}
-
 }  // namespace detail
 
 template <class Mem>
@@ -849,28 +810,21 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
   const bool fence_blocks = timed && host_space;
   using Kv = detail::KvBuffer<T, Mem>;
   const int last = detail::last_needed_step(map, opts, p);
-  const std::vector<ExecSpace> lanes =
-      detail::block_lanes(ring, space, detail::max_blocks_per_step(map, opts, p, me, last));
-  const bool concurrent = lanes.size() > 1;  // then every block of a step has partial buffers of its own
-  long seg_max = 0;
+  long seg_max = 0;  // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) seg_max = std::max(seg_max, qs.length);
   std::unique_ptr<Kv> cur, nxt;
   std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex;
-  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> o_acc;
-  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse_acc;
-  std::vector<Kokkos::View<Acc****, Kokkos::LayoutRight, Mem>> o_part(lanes.size());
-  std::vector<Kokkos::View<Acc***, Kokkos::LayoutRight, Mem>> lse_part(lanes.size());
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> o_acc, o_part;
+  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse_acc, lse_part;
   detail::agreed_allocation(ring, fn, [&] {
     cur.reset(new Kv("kfa::dist::ring_forward::kv_a", b, map.k_length_max(), hkv, d));
     nxt.reset(new Kv("kfa::dist::ring_forward::kv_b", b, map.k_length_max(), hkv, d));
     ex.reset(new detail::Exchanger<ExecSpace, T>(space, ring, cur->count(map.k_length_max()),
                                                  "kfa::dist::ring_forward::exchange"));
     o_acc = decltype(o_acc)("kfa::dist::ring_forward::o_acc", b, nq, hq, d);
+    o_part = decltype(o_part)("kfa::dist::ring_forward::o_part", b, seg_max, hq, d);
     lse_acc = decltype(lse_acc)("kfa::dist::ring_forward::lse_acc", b, hq, nq);
-    for (std::size_t j = 0; j < lanes.size(); ++j) {
-      o_part[j] = Kokkos::View<Acc****, Kokkos::LayoutRight, Mem>("kfa::dist::ring_forward::o_part", b, seg_max, hq, d);
-      lse_part[j] = Kokkos::View<Acc***, Kokkos::LayoutRight, Mem>("kfa::dist::ring_forward::lse_part", b, hq, seg_max);
-    }
+    lse_part = decltype(lse_part)("kfa::dist::ring_forward::lse_part", b, hq, seg_max);
   });
   detail::copy_into(space, cur->tile(map.k_length(me), 0), k, "kfa::dist::ring_forward::load_k");
   detail::copy_into(space, cur->tile(map.k_length(me), 1), v, "kfa::dist::ring_forward::load_v");
@@ -888,39 +842,24 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
       detail::injected_fault(ring, s);
       const long nk = map.k_length(owner);
       const auto kt = cur->tile(nk, 0), vt = cur->tile(nk, 1);
-      if (concurrent) space.fence();  // the lanes start after everything on `space` (this step's K/V, merges)
-      std::vector<Segment> merged;  // the query segment of each partial, in block order
       for (const Segment& qs : map.q_segments(me))
         for (const Segment& ks : map.k_segments(owner)) {
           kfa::detail::Positions pos;
           if (!detail::block_visible(qs, ks, map, opts, pos)) continue;  // fully masked: skipped
-          const std::size_t j = concurrent ? static_cast<std::size_t>(blocks) : 0;
           const Segment part{qs.global_begin, qs.length, 0};
-          kfa::detail::forward_impl(fn, lanes[j], detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
-                                    detail::seq_slice(vt, ks), detail::seq_slice(o_part[j], part),
-                                    detail::lse_slice(lse_part[j], part), opts, pos);
-          if (!concurrent) {  // merged at once: the next block reuses the partial buffers
-            const double tm0 = detail::stamp(space, fence_blocks);
-            kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs),
-                                 detail::seq_slice(o_part[0], part), detail::lse_slice(lse_part[0], part));
-            merge_s += detail::stamp(space, fence_blocks) - tm0;
-          }
-          merged.push_back(qs);
+          const auto op = detail::seq_slice(o_part, part);
+          const auto lp = detail::lse_slice(lse_part, part);
+          kfa::detail::forward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
+                                    detail::seq_slice(vt, ks), op, lp, opts, pos);
+          const double tm0 = detail::stamp(space, fence_blocks);
+          kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs), op, lp);
+          merge_s += detail::stamp(space, fence_blocks) - tm0;
           ++blocks;
           if (s < last) ex->test();
         }
       // On a device the kernels above run asynchronously: drive MPI now, while they compute.
       if (s < last && !host_space) ex->wait_transfer();
-      if (concurrent) {  // then merge the partials in block order (deterministic)
-        detail::fence_lanes(lanes);
-        for (std::size_t j = 0; j < merged.size(); ++j) {
-          const Segment part{merged[j].global_begin, merged[j].length, 0};
-          kfa::merge_attention(space, detail::seq_slice(o_acc, merged[j]), detail::lse_slice(lse_acc, merged[j]),
-                               detail::seq_slice(o_part[j], part), detail::lse_slice(lse_part[j], part));
-        }
-      }
     });
-    if (!err.empty()) detail::fence_lanes(lanes);  // nothing may still write buffers an exception frees
     const double t1 = detail::stamp(space, timed);
     if (s < last) ex->finish(timed);
     const double t2 = detail::stamp(space, timed);
@@ -982,10 +921,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   using KvAcc = detail::KvBuffer<Acc, Mem>;
   using Part = Kokkos::View<Acc****, Kokkos::LayoutRight, Mem>;
   const int last = detail::last_needed_step(map, opts, p);
-  const std::vector<ExecSpace> lanes =
-      detail::block_lanes(ring, space, detail::max_blocks_per_step(map, opts, p, me, last));
-  const bool concurrent = lanes.size() > 1;  // then every block of a step has partial buffers of its own
-  long qseg_max = 0, kseg_max = 0;
+  long qseg_max = 0, kseg_max = 0;  // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) qseg_max = std::max(qseg_max, qs.length);
   for (int r = 0; r < p; ++r)
     for (const Segment& ks : map.k_segments(r)) kseg_max = std::max(kseg_max, ks.length);
@@ -993,8 +929,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   std::unique_ptr<KvAcc> loc, acc_a, acc_b;
   std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex_kv;
   std::unique_ptr<detail::Exchanger<ExecSpace, Acc>> ex_acc;
-  Part dq_acc;
-  std::vector<Part> dq_part(lanes.size()), dk_part(lanes.size()), dv_part(lanes.size());
+  Part dq_acc, dq_part, dk_part, dv_part;
   Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> dd;
   detail::agreed_allocation(ring, fn, [&] {
     kv.reset(new Kv("kfa::dist::ring_backward::kv_a", b, nmax, hkv, d));
@@ -1005,11 +940,9 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     ex_kv.reset(new detail::Exchanger<ExecSpace, T>(space, ring, kv->count(nmax), "kfa::dist::ring_backward::kv"));
     ex_acc.reset(new detail::Exchanger<ExecSpace, Acc>(space, ring, loc->count(nmax), "kfa::dist::ring_backward::dkv"));
     dq_acc = Part("kfa::dist::ring_backward::dq_acc", b, nq, hq, d);
-    for (std::size_t j = 0; j < lanes.size(); ++j) {
-      dq_part[j] = Part("kfa::dist::ring_backward::dq_part", b, qseg_max, hq, d);
-      dk_part[j] = Part("kfa::dist::ring_backward::dk_part", b, kseg_max, hkv, d);
-      dv_part[j] = Part("kfa::dist::ring_backward::dv_part", b, kseg_max, hkv, d);
-    }
+    dq_part = Part("kfa::dist::ring_backward::dq_part", b, qseg_max, hq, d);
+    dk_part = Part("kfa::dist::ring_backward::dk_part", b, kseg_max, hkv, d);
+    dv_part = Part("kfa::dist::ring_backward::dv_part", b, kseg_max, hkv, d);
     dd = kfa::detail::backward_row_dot(space, o, d_o);  // D once for the shard, not once per block
   });
   detail::copy_into(space, kv->tile(map.k_length(me), 0), k, "kfa::dist::ring_backward::load_k");
@@ -1028,31 +961,19 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
       Kokkos::deep_copy(space, Kokkos::subview(loc->data, std::make_pair(std::size_t(0), loc->count(nk))), Acc(0));
       const auto kt = kv->tile(nk, 0), vt = kv->tile(nk, 1);      // element type T
       const auto dkl = loc->tile(nk, 0), dvl = loc->tile(nk, 1);  // accumulation type
-      if (concurrent) space.fence();  // the lanes start after everything on `space`
-      std::vector<std::pair<Segment, Segment>> done;  // (query, key) segments of each partial, in block order
-      // The partials of block j added into the accumulators (in block order: deterministic).
-      auto add = [&](std::size_t j, const Segment& qs, const Segment& ks) {
-        const Segment qpart{qs.global_begin, qs.length, 0}, kpart{ks.global_begin, ks.length, 0};
-        detail::add_into(space, detail::seq_slice(dq_acc, qs), detail::seq_slice(dq_part[j], qpart),
-                         "kfa::dist::ring_backward::add_dq");
-        detail::add_into(space, detail::seq_slice(dkl, ks), detail::seq_slice(dk_part[j], kpart),
-                         "kfa::dist::ring_backward::add_dk");
-        detail::add_into(space, detail::seq_slice(dvl, ks), detail::seq_slice(dv_part[j], kpart),
-                         "kfa::dist::ring_backward::add_dv");
-      };
       for (const Segment& qs : map.q_segments(me))
         for (const Segment& ks : map.k_segments(owner)) {
           kfa::detail::Positions pos;
           if (!detail::block_visible(qs, ks, map, opts, pos)) continue;
-          const std::size_t j = concurrent ? static_cast<std::size_t>(blocks) : 0;
           const Segment qpart{qs.global_begin, qs.length, 0}, kpart{ks.global_begin, ks.length, 0};
-          kfa::detail::backward_impl_d(fn, lanes[j], detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
+          const auto dqp = detail::seq_slice(dq_part, qpart);
+          const auto dkp = detail::seq_slice(dk_part, kpart), dvp = detail::seq_slice(dv_part, kpart);
+          kfa::detail::backward_impl_d(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
                                        detail::seq_slice(vt, ks), detail::seq_slice(d_o, qs),
-                                       detail::lse_slice(lse, qs), detail::lse_slice(dd, qs),
-                                       detail::seq_slice(dq_part[j], qpart), detail::seq_slice(dk_part[j], kpart),
-                                       detail::seq_slice(dv_part[j], kpart), opts, pos);
-          if (!concurrent) add(0, qs, ks);  // at once: the next block reuses the partial buffers
-          done.emplace_back(qs, ks);
+                                       detail::lse_slice(lse, qs), detail::lse_slice(dd, qs), dqp, dkp, dvp, opts, pos);
+          detail::add_into(space, detail::seq_slice(dq_acc, qs), dqp, "kfa::dist::ring_backward::add_dq");
+          detail::add_into(space, detail::seq_slice(dkl, ks), dkp, "kfa::dist::ring_backward::add_dk");
+          detail::add_into(space, detail::seq_slice(dvl, ks), dvp, "kfa::dist::ring_backward::add_dv");
           ++blocks;
           if (s < last) ex_kv->test();
           if (s > 0) ex_acc->test();
@@ -1061,12 +982,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
         if (s < last) ex_kv->wait_transfer();
         if (s > 0) ex_acc->wait_transfer();
       }
-      if (concurrent) {
-        detail::fence_lanes(lanes);
-        for (std::size_t j = 0; j < done.size(); ++j) add(j, done[j].first, done[j].second);
-      }
     });
-    if (!err.empty()) detail::fence_lanes(lanes);  // nothing may still write buffers an exception frees
     const double t1 = detail::stamp(space, timed);
     if (s < last) ex_kv->finish(timed);
     if (s > 0) ex_acc->finish(timed);  // the visiting shard's accumulator (in acc_b), and acc_a's send, are done
