@@ -4,7 +4,7 @@
 //   mpirun -n P kfa_bench_ring [--tokens-per-rank n | --seq N] [--heads H] [--kv-heads G] [--head-dim d]
 //                              [--layout contiguous|zigzag] [--causal] [--backward] [--reps R] [--steps]
 //                              [--dtype float32|float16|bfloat16|float64] [--max-message-bytes B]
-//                              [--transport auto|nccl|gpu-aware-mpi|staging]
+//                              [--transport auto|nccl|gpu-aware-mpi|staging] [--no-buffer-cache]
 //
 // Also times attention_forward (+ attention_backward) of one rank's shard as one local call in the same
 // run ("single"): at P = 1 the ring should match it.
@@ -40,6 +40,7 @@ struct Args {
   kfa::dist::Layout layout;
   std::size_t max_msg;
   kfa::dist::RingTransport transport;
+  bool no_cache;
 };
 
 template <class T>
@@ -54,6 +55,7 @@ void run(const Args& args, int rank, int p) {
     kfa::dist::Ring ring(MPI_COMM_WORLD, layout);
     if (max_msg) ring.set_max_message_bytes(max_msg);
     if (args.transport != kfa::dist::RingTransport::automatic) ring.set_transport(args.transport);
+    if (args.no_cache) ring.set_cache_buffers(false);
     long n = 0;
     for (const auto& s : kfa::dist::shard_of(layout, n_total, p, rank)) n += s.length;
     using V4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem>;  // the tensor-core kernels need unit head-dim stride
@@ -123,8 +125,9 @@ void run(const Args& args, int rank, int p) {
     }
     const double single_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
     if (rank == 0) {
-      std::printf("kfa_bench_ring %s transport: %s; single (one local call on one shard, %ld tokens): %.4f s, %.1f GFLOP/s\n",
-                  kfa::dtype_name<T>().c_str(), best.transport.c_str(), n, best_single, single_flops / best_single * 1e-9);
+      std::printf("kfa_bench_ring %s transport: %s; buffers %s; single (one local call on one shard, %ld tokens): %.4f s, %.1f GFLOP/s\n",
+                  kfa::dtype_name<T>().c_str(), best.transport.c_str(),
+                  ring.cache_buffers() ? "kept between calls" : "allocated per call", n, best_single, single_flops / best_single * 1e-9);
       std::printf("kfa_bench_ring P=%d N=%ld tokens/rank=%ld heads=%d/%d d=%d layout=%s causal=%d %s: time %.4f s, "
                   "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, imbalance %.4f s, exchange alone "
                   "%.4f s, hidden %.2f\n",
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   long per_rank = 2048, seq = 0;
   int heads = 4, kv_heads = 0, d = 64, reps = 3;
-  bool causal = false, backward = false, steps = false;
+  bool causal = false, backward = false, steps = false, no_cache = false;
   std::string dtype = "float32", layout_name = "contiguous";
   std::size_t max_msg = 0;
   std::string transport = "auto";
@@ -169,6 +172,7 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", causal, "causal mask");
   app.add_flag("--backward", backward, "forward + backward");
   app.add_flag("--steps", steps, "per-step table");
+  app.add_flag("--no-buffer-cache", no_cache, "allocate the ring's work buffers in every call (Ring::set_cache_buffers(false))");
   // Every rank parses the same command line and reaches the same verdict; rank 0 alone prints it.
   const int st = kfa_bench::parse_command_line(app, argc, argv, rank != 0);
   if (st >= 0) {
@@ -190,7 +194,7 @@ int main(int argc, char** argv) {
                   : transport == "gpu-aware-mpi" ? RT::gpu_aware_mpi
                   : transport == "staging" ? RT::host_staging
                   : RT::automatic;
-    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg, tr};
+    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg, tr, no_cache};
     if (dtype == "float32") run<float>(a, rank, p);
     else if (dtype == "float64") run<double>(a, rank, p);
 #if KFA_HAS_HALF

@@ -80,7 +80,7 @@ std::vector<kfa::dist::Segment> segments_for(const Case& c, long n, int p, int r
 }
 
 template <class T>
-void check_ring(const Case& c, bool backward) {
+void check_ring(const Case& c, bool backward, kfa::dist::Ring* shared_ring = nullptr) {
   const int p = world_size(), r = world_rank();
   const std::uint64_t seed = shared_seed();
   const Shape& s = c.s;
@@ -95,7 +95,8 @@ void check_ring(const Case& c, bool backward) {
   Tensor<T> o("o", s.batch, n, s.heads_q, s.head_dim);
   Lse<T> lse("lse", s.batch, s.heads_q, n);
   poison(o), poison(lse);
-  kfa::dist::Ring ring(MPI_COMM_WORLD, c.layout);
+  kfa::dist::Ring own(MPI_COMM_WORLD, c.layout);
+  kfa::dist::Ring& ring = shared_ring ? *shared_ring : own;
   if (c.max_message_bytes) ring.set_max_message_bytes(c.max_message_bytes);
   const kfa::AttentionOptions opts = to_kfa(c.ro);
   kfa::dist::RingStats fst;
@@ -242,6 +243,26 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
     EXPECT_NE(std::string(e.what()).find("'carrier-pigeon'; expected auto, nccl"), std::string::npos) << e.what();
   }
   unsetenv("KFA_RING_TRANSPORT");
+}
+
+// A Ring keeps its work buffers between calls (Ring::cache_buffers): one Ring through shapes that grow and
+// shrink them, each forward then backward (which share the K/V and accumulator buffers), is exact; so is a
+// Ring that keeps nothing, and one whose buffers were released in between.
+TEST(RingBuffers, KeptBetweenCallsOfChangingShapes) {
+  const long p = world_size();
+  RefOptions causal;
+  causal.causal = true;
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE(mode == 0 ? "buffers kept" : mode == 1 ? "buffers not kept" : "buffers released after each shape");
+    kfa::dist::Ring ring(MPI_COMM_WORLD, Layout::zigzag);
+    if (mode == 1) ring.set_cache_buffers(false);
+    EXPECT_EQ(ring.cache_buffers(), mode != 1);
+    for (const Shape s : {Shape{1, 16 * p, 16 * p, 2, 2, 32}, Shape{2, 40 * p + 3, 40 * p + 3, 4, 2, 32},
+                          Shape{1, 12 * p + 1, 12 * p + 1, 2, 1, 16}}) {
+      check_ring<float>({Layout::zigzag, causal, s, {}}, true, &ring);
+      if (mode == 2) ring.release_buffers();
+    }
+  }
 }
 
 // A failure on one rank in the middle of a ring (the KFA_RING_FAULT test hook): every rank throws the same

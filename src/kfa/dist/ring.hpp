@@ -162,8 +162,24 @@ class Ring {
   template <class Mem>
   std::string transport() const;
 
-  /// Host staging buffers kept between ring calls, by use (pinned allocation costs ~0.3 s per GB on the
-  /// H200 machines: per call it cost more than the transfer). Released at Kokkos::finalize at the latest.
+  /// Whether ring calls keep their work buffers (K/V shards in flight, accumulators, partial results: on a
+  /// device, per call cudaMalloc + cudaFree of several GB cost ~3% of a step at 131k tokens per H200) for
+  /// the next call of this Ring and its copies. Default on; the memory stays held until release_buffers(),
+  /// the last copy of the Ring, or Kokkos::finalize. Host staging buffers are kept either way.
+  void set_cache_buffers(bool on) {
+    m_cache_buffers = on;
+    if (!on) release_buffers();
+  }
+  bool cache_buffers() const { return m_cache_buffers; }
+  /// Frees the work buffers kept by earlier ring calls (not the staging buffers or the NCCL communicator).
+  void release_buffers() const {
+    for (auto& kv : *m_staging)
+      if (kv.first.rfind("kfa::dist::buffer::", 0) == 0) kv.second.reset();
+  }
+
+  /// Buffers and handles kept between ring calls, by use: host staging (pinned allocation costs ~0.3 s per
+  /// GB on the H200 machines: per call it cost more than the transfer), cached work buffers, the NCCL
+  /// channel. Released at Kokkos::finalize at the latest.
   std::shared_ptr<void>& staging_slot(const std::string& key) const {
     if (!m_staging_hooked) {
       std::weak_ptr<std::map<std::string, std::shared_ptr<void>>> w = m_staging;
@@ -195,6 +211,7 @@ class Ring {
   std::size_t m_max_message_bytes = std::size_t(1) << 30;
   int m_fault_rank = -1, m_fault_step = -1;
   RingTransport m_transport = RingTransport::automatic;
+  bool m_cache_buffers = true;
   std::shared_ptr<std::map<std::string, std::shared_ptr<void>>> m_staging =
       std::make_shared<std::map<std::string, std::shared_ptr<void>>>();
   mutable bool m_staging_hooked = false;
@@ -318,6 +335,53 @@ constexpr bool staging_is_pinned = true;
 using StagingSpace = Kokkos::HostSpace;
 constexpr bool staging_is_pinned = false;
 #endif
+
+/// A flat buffer of at least `count` elements of T in Mem under `key`, held by the Ring (grown when too
+/// small, the smaller one freed first). Keys starting "kfa::dist::buffer::" are work buffers: a ring call
+/// releases them at its end (ReleaseWorkBuffers) unless the Ring caches them. Contents are unspecified.
+template <class T, class Mem>
+Kokkos::View<T*, Kokkos::LayoutRight, Mem> kept_buffer(const Ring& ring, const std::string& key, std::size_t count) {
+  using Flat = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
+  std::shared_ptr<void>& slot =
+      ring.staging_slot(key + "::" + std::to_string(sizeof(T)) + "::" + Mem::name());
+  auto* v = static_cast<Flat*>(slot.get());
+  if (!v || v->extent(0) < count) {
+    slot.reset();
+    slot = std::make_shared<Flat>(Kokkos::view_alloc(key, Kokkos::WithoutInitializing), count);
+    v = static_cast<Flat*>(slot.get());
+  }
+  return *v;
+}
+
+/// Releases the Ring's work buffers when the ring call ends, normally or by an exception, unless the Ring
+/// caches them (Ring::cache_buffers).
+class ReleaseWorkBuffers {
+ public:
+  explicit ReleaseWorkBuffers(const Ring& ring) : m_ring(ring) {}
+  ~ReleaseWorkBuffers() {
+    if (!m_ring.cache_buffers()) m_ring.release_buffers();
+  }
+  ReleaseWorkBuffers(const ReleaseWorkBuffers&) = delete;
+  ReleaseWorkBuffers& operator=(const ReleaseWorkBuffers&) = delete;
+
+ private:
+  const Ring& m_ring;
+};
+
+/// A rank-4 LayoutRight [n0, n1, n2, n3] View over a kept buffer (see kept_buffer).
+template <class T, class Mem>
+Kokkos::View<T****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> kept_tensor(const Ring& ring, const std::string& key,
+                                                                                  long n0, long n1, long n2, long n3) {
+  const auto flat = kept_buffer<T, Mem>(ring, key, static_cast<std::size_t>(n0 * n1 * n2 * n3));
+  return Kokkos::View<T****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>(flat.data(), n0, n1, n2, n3);
+}
+/// A rank-3 LayoutRight View over a kept buffer.
+template <class T, class Mem>
+Kokkos::View<T***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> kept_tensor(const Ring& ring, const std::string& key,
+                                                                                 long n0, long n1, long n2) {
+  const auto flat = kept_buffer<T, Mem>(ring, key, static_cast<std::size_t>(n0 * n1 * n2));
+  return Kokkos::View<T***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>(flat.data(), n0, n1, n2);
+}
 
 #if defined(KFA_RING_NCCL)
 inline void check_cuda(cudaError_t rc, const char* call) {
@@ -543,14 +607,7 @@ class Exchanger {
 
  private:
   Staging cached(const std::string& label, std::size_t count) {
-    std::shared_ptr<void>& slot = m_ring->staging_slot(label + "::" + std::to_string(sizeof(T)));
-    auto* v = static_cast<Staging*>(slot.get());
-    if (!v || v->extent(0) < count) {
-      slot.reset();  // free the smaller one first
-      slot = std::make_shared<Staging>(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), count);
-      v = static_cast<Staging*>(slot.get());
-    }
-    return *v;
+    return kept_buffer<T, StagingSpace>(*m_ring, label, count);
   }
 
   ExecSpace m_space;
@@ -699,8 +756,8 @@ struct KvBuffer {
   using Tile = Kokkos::View<T****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>;
   Flat data;
   long batch = 0, heads = 0, dim = 0;
-  KvBuffer(const std::string& label, long b, long n_max, long h, long d)
-      : data(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), static_cast<std::size_t>(2 * b * n_max * h * d)),
+  KvBuffer(const Ring& ring, const std::string& key, long b, long n_max, long h, long d)
+      : data(kept_buffer<T, Mem>(ring, key, static_cast<std::size_t>(2 * b * n_max * h * d))),
         batch(b), heads(h), dim(d) {}
   std::size_t count(long n) const { return static_cast<std::size_t>(2 * batch * n * heads * dim); }
   /// which = 0: K (or dK), 1: V (or dV), for a shard of n tokens.
@@ -812,20 +869,24 @@ void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& 
   const int last = detail::last_needed_step(map, opts, p);
   long seg_max = 0;  // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) seg_max = std::max(seg_max, qs.length);
+  const detail::ReleaseWorkBuffers release(ring);  // declared first: runs after the buffers' users are gone
   std::unique_ptr<Kv> cur, nxt;
   std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex;
-  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem> o_acc, o_part;
-  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> lse_acc, lse_part;
-  detail::agreed_allocation(ring, fn, [&] {
-    cur.reset(new Kv("kfa::dist::ring_forward::kv_a", b, map.k_length_max(), hkv, d));
-    nxt.reset(new Kv("kfa::dist::ring_forward::kv_b", b, map.k_length_max(), hkv, d));
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> o_acc, o_part;
+  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> lse_acc, lse_part;
+  detail::agreed_allocation(ring, fn, [&] {  // kept by the Ring for its next call (the backward's too)
+    cur.reset(new Kv(ring, "kfa::dist::buffer::kv_a", b, map.k_length_max(), hkv, d));
+    nxt.reset(new Kv(ring, "kfa::dist::buffer::kv_b", b, map.k_length_max(), hkv, d));
     ex.reset(new detail::Exchanger<ExecSpace, T>(space, ring, cur->count(map.k_length_max()),
                                                  "kfa::dist::ring_forward::exchange"));
-    o_acc = decltype(o_acc)("kfa::dist::ring_forward::o_acc", b, nq, hq, d);
-    o_part = decltype(o_part)("kfa::dist::ring_forward::o_part", b, seg_max, hq, d);
-    lse_acc = decltype(lse_acc)("kfa::dist::ring_forward::lse_acc", b, hq, nq);
-    lse_part = decltype(lse_part)("kfa::dist::ring_forward::lse_part", b, hq, seg_max);
+    o_acc = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::acc_q", b, nq, hq, d);
+    o_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_q", b, seg_max, hq, d);
+    lse_acc = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::lse_acc", b, hq, nq);
+    lse_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::lse_part", b, hq, seg_max);
   });
+  Kokkos::deep_copy(space, o_acc, Acc(0));  // the empty state (with lse_acc = −inf below)
+  Kokkos::deep_copy(space, o_part, Acc(0));
+  Kokkos::deep_copy(space, lse_part, Acc(0));
   detail::copy_into(space, cur->tile(map.k_length(me), 0), k, "kfa::dist::ring_forward::load_k");
   detail::copy_into(space, cur->tile(map.k_length(me), 1), v, "kfa::dist::ring_forward::load_v");
   Kokkos::deep_copy(space, lse_acc, -compat::infinity<Acc>());  // the empty state: merges as the identity
@@ -919,12 +980,13 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
   using Kv = detail::KvBuffer<T, Mem>;
   using KvAcc = detail::KvBuffer<Acc, Mem>;
-  using Part = Kokkos::View<Acc****, Kokkos::LayoutRight, Mem>;
+  using Part = Kokkos::View<Acc****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>;
   const int last = detail::last_needed_step(map, opts, p);
   long qseg_max = 0, kseg_max = 0;  // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) qseg_max = std::max(qseg_max, qs.length);
   for (int r = 0; r < p; ++r)
     for (const Segment& ks : map.k_segments(r)) kseg_max = std::max(kseg_max, ks.length);
+  const detail::ReleaseWorkBuffers release(ring);  // declared first: runs after the buffers' users are gone
   std::unique_ptr<Kv> kv, kv_next;
   std::unique_ptr<KvAcc> loc, acc_a, acc_b;
   std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex_kv;
@@ -932,19 +994,20 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   Part dq_acc, dq_part, dk_part, dv_part;
   Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> dd;
   detail::agreed_allocation(ring, fn, [&] {
-    kv.reset(new Kv("kfa::dist::ring_backward::kv_a", b, nmax, hkv, d));
-    kv_next.reset(new Kv("kfa::dist::ring_backward::kv_b", b, nmax, hkv, d));
-    loc.reset(new KvAcc("kfa::dist::ring_backward::dkv_local", b, nmax, hkv, d));
-    acc_a.reset(new KvAcc("kfa::dist::ring_backward::dkv_a", b, nmax, hkv, d));
-    acc_b.reset(new KvAcc("kfa::dist::ring_backward::dkv_b", b, nmax, hkv, d));
+    kv.reset(new Kv(ring, "kfa::dist::buffer::kv_a", b, nmax, hkv, d));  // kept by the Ring, as the forward's
+    kv_next.reset(new Kv(ring, "kfa::dist::buffer::kv_b", b, nmax, hkv, d));
+    loc.reset(new KvAcc(ring, "kfa::dist::buffer::dkv_local", b, nmax, hkv, d));
+    acc_a.reset(new KvAcc(ring, "kfa::dist::buffer::dkv_a", b, nmax, hkv, d));
+    acc_b.reset(new KvAcc(ring, "kfa::dist::buffer::dkv_b", b, nmax, hkv, d));
     ex_kv.reset(new detail::Exchanger<ExecSpace, T>(space, ring, kv->count(nmax), "kfa::dist::ring_backward::kv"));
     ex_acc.reset(new detail::Exchanger<ExecSpace, Acc>(space, ring, loc->count(nmax), "kfa::dist::ring_backward::dkv"));
-    dq_acc = Part("kfa::dist::ring_backward::dq_acc", b, nq, hq, d);
-    dq_part = Part("kfa::dist::ring_backward::dq_part", b, qseg_max, hq, d);
-    dk_part = Part("kfa::dist::ring_backward::dk_part", b, kseg_max, hkv, d);
-    dv_part = Part("kfa::dist::ring_backward::dv_part", b, kseg_max, hkv, d);
+    dq_acc = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::acc_q", b, nq, hq, d);
+    dq_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_q", b, qseg_max, hq, d);
+    dk_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_k", b, kseg_max, hkv, d);
+    dv_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_v", b, kseg_max, hkv, d);
     dd = kfa::detail::backward_row_dot(space, o, d_o);  // D once for the shard, not once per block
   });
+  for (const Part& x : {dq_acc, dq_part, dk_part, dv_part}) Kokkos::deep_copy(space, x, Acc(0));
   detail::copy_into(space, kv->tile(map.k_length(me), 0), k, "kfa::dist::ring_backward::load_k");
   detail::copy_into(space, kv->tile(map.k_length(me), 1), v, "kfa::dist::ring_backward::load_v");
   if (timed) stats->steps.assign(p, RingStepStats{});
