@@ -249,7 +249,7 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
 // shrink them, each forward then backward (which share the K/V and accumulator buffers), is exact; so is a
 // Ring that keeps nothing, and one whose buffers were released in between.
 TEST(RingBuffers, KeptBetweenCallsOfChangingShapes) {
-  const long p = world_size();
+  const int p = world_size();
   RefOptions causal;
   causal.causal = true;
   for (int mode = 0; mode < 3; ++mode) {
