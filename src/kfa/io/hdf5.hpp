@@ -13,12 +13,15 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -102,6 +105,90 @@ inline void avoid_shared_file_pointer_components() {
 #ifdef OMPI_MAJOR_VERSION
   ::setenv("OMPI_MCA_sharedfp", "^lockedfile", 0);
 #endif
+}
+
+/// An IEEE 754 binary16 value (float16) as a file stores it: what numpy's float16 and h5py write.
+struct Float16 {
+  std::uint16_t bits = 0;
+};
+
+/// `x` rounded to the nearest float16, ties to even (numpy's astype(float16)): beyond the largest float16
+/// (65504) ±Inf, below half the smallest subnormal ±0, NaN stays NaN. (HDF5's own float-to-half conversion
+/// truncates at the top of the range: 65520 becomes 65504, not Inf.)
+inline Float16 to_float16(double x) {
+  std::uint64_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 48) & 0x8000u);
+  const int exp = static_cast<int>((u >> 52) & 0x7ff);
+  const std::uint64_t man = u & 0xFFFFFFFFFFFFFULL;
+  Float16 h;
+  if (exp == 0x7ff) {  // Inf or NaN (a quiet NaN keeps a mantissa bit)
+    h.bits = static_cast<std::uint16_t>(sign | 0x7c00u | (man ? 0x200u : 0u));
+    return h;
+  }
+  const int e = exp - 1023 + 15;  // the float16 biased exponent
+  std::uint64_t keep, rest, half;
+  if (e >= 31) {
+    h.bits = static_cast<std::uint16_t>(sign | 0x7c00u);
+    return h;
+  }
+  if (e >= 1) {  // normal: drop 42 of the 52 mantissa bits; a carry runs into the exponent (65520 -> Inf)
+    keep = (static_cast<std::uint64_t>(e) << 10) | (man >> 42);
+    rest = man & ((1ULL << 42) - 1), half = 1ULL << 41;
+  } else {  // subnormal: the value in units of 2^-24
+    const int shift = 1051 - exp;  // >= 43
+    if (exp == 0 || shift > 54) {  // below 2^-25 (or a double subnormal): rounds to zero
+      h.bits = sign;
+      return h;
+    }
+    const std::uint64_t m = man | (1ULL << 52);
+    keep = m >> shift, rest = m & ((1ULL << shift) - 1), half = 1ULL << (shift - 1);
+  }
+  if (rest > half || (rest == half && (keep & 1))) ++keep;
+  h.bits = static_cast<std::uint16_t>(sign | keep);
+  return h;
+}
+
+/// A block of a [.., seq, ..] dataset that one rank reads or writes in one call: the hyperslab `start` +
+/// `count` (one index of every dimension before seq_dim, a run of tokens of one segment, all of every later
+/// dimension), and where its elements lie, contiguous, in the rank's local row-major array [.., n_local, ..]
+/// (`offset`, `elements`). A block with `elements` 0 selects nothing (a rank with fewer blocks than another
+/// still takes part in every collective call).
+struct RowBlock {
+  std::vector<long> start, count;
+  std::size_t offset = 0, elements = 0;
+  int seq_dim = 1;
+};
+
+/// The rank's rows `segs` (along `seq_dim` of a dataset with global `dims`) cut into blocks of at most
+/// `max_elements` elements (at least one token each), in local memory order.
+inline std::vector<RowBlock> row_blocks(const std::vector<long>& dims, int seq_dim,
+                                        const std::vector<kfa::dist::Segment>& segs, std::size_t max_elements) {
+  std::size_t outer = 1, inner = 1;
+  for (int i = 0; i < seq_dim; ++i) outer *= static_cast<std::size_t>(dims[i]);
+  for (std::size_t i = static_cast<std::size_t>(seq_dim) + 1; i < dims.size(); ++i) inner *= static_cast<std::size_t>(dims[i]);
+  long n = 0;
+  for (const auto& s : segs) n += s.length;
+  const long step = static_cast<long>(std::max<std::size_t>(1, inner == 0 ? 1 : max_elements / inner));
+  std::vector<RowBlock> out;
+  if (inner == 0) return out;
+  for (std::size_t o = 0; o < outer; ++o)
+    for (const auto& s : segs)
+      for (long t = 0; t < s.length; t += step) {
+        RowBlock b;
+        b.seq_dim = seq_dim;
+        b.start.assign(dims.size(), 0), b.count.assign(dims.begin(), dims.end());
+        std::size_t rest = o;
+        for (int i = seq_dim - 1; i >= 0; --i)
+          b.start[i] = static_cast<long>(rest % static_cast<std::size_t>(dims[i])), b.count[i] = 1,
+          rest /= static_cast<std::size_t>(dims[i]);
+        b.start[seq_dim] = s.global_begin + t;
+        b.count[seq_dim] = std::min(step, s.length - t);
+        b.offset = (o * static_cast<std::size_t>(n) + static_cast<std::size_t>(s.local_begin + t)) * inner;
+        b.elements = static_cast<std::size_t>(b.count[seq_dim]) * inner;
+        out.push_back(b);
+      }
+  return out;
 }
 
 /// Element type of a dataset in the file.
@@ -221,6 +308,78 @@ inline Handle transfer() {
   return dxpl;
 }
 
+/// The HDF5 type of elements of type M in memory: float, double or Float16 (IEEE binary16, as h5py
+/// writes it: HDF5 1.10 has no predefined one).
+inline Handle float16_type() {
+  Handle t(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+  H5Tset_fields(t, 15, 10, 5, 0, 10);
+  H5Tset_size(t, 2);
+  H5Tset_ebias(t, 15);
+  return t;
+}
+template <class M>
+Handle memory_type() {
+  static_assert(std::is_same<M, float>::value || std::is_same<M, double>::value || std::is_same<M, Float16>::value,
+                "kfa::io: elements in memory are float, double or kfa::io::Float16");
+  if (std::is_same<M, Float16>::value) return float16_type();
+  return Handle(H5Tcopy(std::is_same<M, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT), H5Tclose);
+}
+inline Handle file_type(FileType t) {
+  if (t == FileType::float16) return float16_type();
+  if (t == FileType::float64) return Handle(H5Tcopy(H5T_IEEE_F64LE), H5Tclose);
+  if (t == FileType::float32) return Handle(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
+  kfa::detail::fail("kfa::io: datasets are stored as float64, float32 or float16");
+}
+
+/// Selects `b` in a dataspace of the file (nothing for an empty block).
+inline void select_block(hid_t space, const RowBlock& b) {
+  if (b.elements == 0) {
+    H5Sselect_none(space);
+    return;
+  }
+  std::vector<hsize_t> start(b.start.begin(), b.start.end()), count(b.count.begin(), b.count.end());
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+}
+/// The memory dataspace of `b`: its elements, contiguous (nothing selected for an empty block).
+inline Handle block_memory_space(const RowBlock& b) {
+  const hsize_t n = b.elements > 0 ? static_cast<hsize_t>(b.elements) : 1;
+  Handle m(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  if (b.elements == 0) H5Sselect_none(m);
+  return m;
+}
+/// "rows 32..63" along b's seq dimension, for messages.
+inline std::string block_rows(const RowBlock& b) {
+  if (b.elements == 0) return "";
+  return std::to_string(b.start[b.seq_dim]) + ".." + std::to_string(b.start[b.seq_dim] + b.count[b.seq_dim] - 1);
+}
+
+/// Point-to-point transfers of any size (messages of at most 1 GiB: MPI counts are int).
+inline void send_bytes(const void* p, std::size_t bytes, int to, int tag, MPI_Comm comm) {
+  const std::size_t chunk = std::size_t(1) << 30;
+  for (std::size_t off = 0; off < bytes; off += chunk)
+    MPI_Send(static_cast<const char*>(p) + off, static_cast<int>(std::min(chunk, bytes - off)), MPI_BYTE, to, tag, comm);
+}
+inline void recv_bytes(void* p, std::size_t bytes, int from, int tag, MPI_Comm comm) {
+  const std::size_t chunk = std::size_t(1) << 30;
+  for (std::size_t off = 0; off < bytes; off += chunk)
+    MPI_Recv(static_cast<char*>(p) + off, static_cast<int>(std::min(chunk, bytes - off)), MPI_BYTE, from, tag, comm,
+             MPI_STATUS_IGNORE);
+}
+/// A block's header for the rank-0 path: ndims starts, ndims counts, offset, elements.
+inline std::vector<long> block_header(const RowBlock& b, std::size_t ndims) {
+  std::vector<long> h(2 * ndims + 2, 0);
+  for (std::size_t i = 0; i < ndims && i < b.start.size(); ++i) h[i] = b.start[i], h[ndims + i] = b.count[i];
+  h[2 * ndims] = static_cast<long>(b.offset), h[2 * ndims + 1] = static_cast<long>(b.elements);
+  return h;
+}
+inline RowBlock block_of_header(const long* h, std::size_t ndims, int seq_dim) {
+  RowBlock b;
+  b.seq_dim = seq_dim;
+  b.start.assign(h, h + ndims), b.count.assign(h + ndims, h + 2 * ndims);
+  b.offset = static_cast<std::size_t>(h[2 * ndims]), b.elements = static_cast<std::size_t>(h[2 * ndims + 1]);
+  return b;
+}
+
 /// Every rank throws the first failing rank's message (collective).
 inline void agree(MPI_Comm comm, const std::string& local_error) {
   constexpr int len = 1024;
@@ -260,6 +419,12 @@ inline std::string hdf5_error_text() {
   return out.empty() ? "no reason given by HDF5" : out;
 }
 }  // namespace detail
+
+/// Every rank throws, as kfa::Error, the message of the first rank whose `local_error` is not empty (its
+/// first 1023 characters); when all are empty every rank returns. Use it to turn a decision one rank makes
+/// (a failed check, a file that cannot be written) into one every rank takes alike, so that none is left
+/// waiting in a later collective call. Collective over comm.
+inline void agree(MPI_Comm comm, const std::string& local_error) { detail::agree(comm, local_error); }
 
 /// An HDF5 file opened for reading by every rank (parallel) or by rank 0 (serial). Every failure, also of a
 /// metadata operation only rank 0 performs, is a collective decision: every rank throws the same kfa::Error
@@ -368,10 +533,62 @@ class Reader {
           if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0) err = read_failure(name, "reading", rs);
         }
         if (r == 0) out.swap(buf);
-        else MPI_Send(buf.data(), static_cast<int>(buf.size() * sizeof(T)), MPI_BYTE, r, tag, m_comm);
+        else detail::send_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
       }
     } else {
-      MPI_Recv(out.data(), static_cast<int>(out.size() * sizeof(T)), MPI_BYTE, 0, tag, m_comm, MPI_STATUS_IGNORE);
+      detail::recv_bytes(out.data(), out.size() * sizeof(T), 0, tag, m_comm);
+    }
+    detail::agree(m_comm, err);
+#endif
+  }
+  /// Reads block `b` of dataset `name` (row_blocks of info.dims) into `out` (b.elements values), converting
+  /// from the file's float type to M (float or double; HDF5 rounds to nearest, values beyond M's range
+  /// become ±Inf). Every rank calls it alike, as often as the rank with the most blocks (a rank with fewer
+  /// passes an empty block). A read that fails on any rank throws the same kfa::Error on every rank.
+  /// Collective.
+  template <class M>
+  void read_block(const std::string& name, const DatasetInfo& info, const RowBlock& b, M* out) {
+    static_assert(std::is_same<M, float>::value || std::is_same<M, double>::value, "read as float or double");
+    const detail::Handle mem_type = detail::memory_type<M>();
+    std::string err;
+#ifdef KFA_IO_PARALLEL
+    (void)info;
+    detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (ds.id < 0) err = read_failure(name, "opening", detail::block_rows(b));
+    detail::agree(m_comm, err);
+    detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+    detail::select_block(fspace, b);
+    detail::Handle mspace = detail::block_memory_space(b);
+    detail::Handle dxpl = detail::transfer();
+    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out) < 0) err = read_failure(name, "reading", detail::block_rows(b));
+    detail::agree(m_comm, err);
+#else
+    // Rank 0 reads every rank's block and sends it (zeros after a failure, so no rank is left waiting).
+    const int tag = 79;
+    const std::size_t nd = info.dims.size();
+    const std::vector<long> mine = detail::block_header(b, nd);
+    std::vector<long> all(m_rank == 0 ? mine.size() * static_cast<std::size_t>(m_size) : 0);
+    MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_LONG, all.data(), static_cast<int>(mine.size()), MPI_LONG, 0,
+               m_comm);
+    if (m_rank == 0) {
+      detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+      if (ds.id < 0) err = read_failure(name, "opening", detail::block_rows(b));
+      std::vector<M> buf;
+      for (int r = m_size - 1; r >= 0; --r) {
+        const RowBlock rb = detail::block_of_header(&all[mine.size() * static_cast<std::size_t>(r)], nd, b.seq_dim);
+        if (rb.elements == 0) continue;
+        M* dst = out;
+        if (r != 0) buf.assign(rb.elements, M(0)), dst = buf.data();
+        if (err.empty()) {
+          detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+          detail::select_block(fspace, rb);
+          detail::Handle mspace = detail::block_memory_space(rb);
+          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, dst) < 0) err = read_failure(name, "reading", detail::block_rows(rb));
+        }
+        if (r != 0) detail::send_bytes(buf.data(), buf.size() * sizeof(M), r, tag, m_comm);
+      }
+    } else if (b.elements > 0) {
+      detail::recv_bytes(out, b.elements * sizeof(M), 0, tag, m_comm);
     }
     detail::agree(m_comm, err);
 #endif
@@ -421,6 +638,9 @@ class Reader {
     for (const auto& s : segs)
       if (s.length > 0)
         rows += (rows.empty() ? "" : ", ") + std::to_string(s.global_begin) + ".." + std::to_string(s.global_begin + s.length - 1);
+    return read_failure(name, what, rows);
+  }
+  std::string read_failure(const std::string& name, const char* what, const std::string& rows) const {
     return "kfa::io: --input " + m_path + ": " + what + " dataset '" + name + "' failed" +
            (rows.empty() ? "" : " (sequence rows " + rows + ")") + ": " + detail::hdf5_error_text();
   }
@@ -543,7 +763,7 @@ class Writer {
           for (size_t i = 0; i < dims.size(); ++i)
             if (static_cast<int>(i) != seq_dim) count *= dims[i];
           buf.resize(static_cast<size_t>(count));
-          MPI_Recv(buf.data(), static_cast<int>(buf.size() * sizeof(T)), MPI_BYTE, r, tag, m_comm, MPI_STATUS_IGNORE);
+          detail::recv_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
         }
         if (!err.empty()) continue;
         detail::Handle fspace(H5Dget_space(ds), H5Sclose);
@@ -560,7 +780,73 @@ class Writer {
       long hdr[4] = {0, 0, 0, 0};
       for (size_t i = 0; i < segs.size() && i < 2; ++i) hdr[2 * i] = segs[i].global_begin, hdr[2 * i + 1] = segs[i].length;
       MPI_Send(hdr, 4, MPI_LONG, 0, tag, m_comm);
-      MPI_Send(data.data(), static_cast<int>(data.size() * sizeof(T)), MPI_BYTE, 0, tag, m_comm);
+      detail::send_bytes(data.data(), data.size() * sizeof(T), 0, tag, m_comm);
+    }
+    agree(err);
+#endif
+  }
+  /// Creates dataset `name` with global `dims`, stored as `stored` (float64, float32 or float16 as numpy and
+  /// h5py write them), to be filled by write_block. Collective.
+  void create_dataset(const std::string& name, const std::vector<long>& dims, FileType stored) {
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) {
+      std::vector<hsize_t> hd(dims.begin(), dims.end());
+      detail::Handle type = detail::file_type(stored);
+      detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
+      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
+      else m_datasets[name] = std::move(ds);
+    }
+    m_dims[name] = dims;
+    agree(err);
+  }
+  /// Writes block `b` (row_blocks of the dataset's dims) of dataset `name` (create_dataset) from `data`
+  /// (b.elements values of M: float, double or Float16; HDF5 converts float and double to the stored type,
+  /// Float16 is stored as it is). Every rank calls it alike, as often as the rank with the most blocks (a
+  /// rank with fewer passes an empty block). Collective.
+  template <class M>
+  void write_block(const std::string& name, const RowBlock& b, const M* data) {
+    const detail::Handle mem_type = detail::memory_type<M>();
+    std::string err;
+    const auto dims = m_dims.find(name);
+    if (dims == m_dims.end()) kfa::detail::fail("kfa::io::Writer::write_block: no dataset '", name, "' was created");
+#ifdef KFA_IO_PARALLEL
+    const hid_t ds = m_datasets[name];
+    detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+    detail::select_block(fspace, b);
+    detail::Handle mspace = detail::block_memory_space(b);
+    detail::Handle dxpl = detail::transfer();
+    if (H5Dwrite(ds, mem_type, mspace, fspace, dxpl, data) < 0) err = failure("writing dataset '" + name + "' to");
+    agree(err);
+#else
+    // Rank 0 receives every rank's block (always, even after a failure, so no rank is left in a send) and
+    // writes it; then all agree.
+    const int tag = 80;
+    const std::size_t nd = dims->second.size();
+    if (m_rank == 0) {
+      std::vector<M> buf;
+      for (int r = 0; r < m_size; ++r) {
+        RowBlock rb = b;
+        const M* src = data;
+        if (r != 0) {
+          std::vector<long> h(2 * nd + 2);
+          MPI_Recv(h.data(), static_cast<int>(h.size()), MPI_LONG, r, tag, m_comm, MPI_STATUS_IGNORE);
+          rb = detail::block_of_header(h.data(), nd, b.seq_dim);
+          buf.resize(rb.elements);
+          detail::recv_bytes(buf.data(), rb.elements * sizeof(M), r, tag, m_comm);
+          src = buf.data();
+        }
+        if (!err.empty() || rb.elements == 0) continue;
+        const hid_t ds = m_datasets[name];
+        detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+        detail::select_block(fspace, rb);
+        detail::Handle mspace = detail::block_memory_space(rb);
+        if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, src) < 0) err = failure("writing dataset '" + name + "' to");
+      }
+    } else {
+      const std::vector<long> h = detail::block_header(b, nd);
+      MPI_Send(h.data(), static_cast<int>(h.size()), MPI_LONG, 0, tag, m_comm);
+      detail::send_bytes(data, b.elements * sizeof(M), 0, tag, m_comm);
     }
     agree(err);
 #endif
@@ -596,6 +882,7 @@ class Writer {
   void close() {
     if (m_closed) return;
     release_reserve();  // the headroom kept back for HDF5's metadata
+    m_datasets.clear();  // open datasets would make H5Fclose fail (MPI-IO files close with H5F_CLOSE_SEMI)
     MPI_Barrier(m_comm);
     std::string err;
     if (m_file.id >= 0 && H5Fflush(m_file, H5F_SCOPE_GLOBAL) < 0) err = failure("flushing");
@@ -658,6 +945,7 @@ class Writer {
     if (m_rank == 0 && ::truncate(m_tmp.c_str(), 0) != 0) {
       // best effort: the file is removed below either way
     }
+    m_datasets.clear();
     MPI_Barrier(m_comm);
     if (m_file.id >= 0) H5Fclose(m_file.id);  // checked nowhere: the file is being thrown away
     m_file.id = -1;
@@ -705,6 +993,8 @@ class Writer {
   std::string m_path, m_tmp, m_reserve;
   int m_rank = 0, m_size = 1;
   detail::Handle m_file;
+  std::map<std::string, detail::Handle> m_datasets;  // created by create_dataset, open until close()
+  std::map<std::string, std::vector<long>> m_dims;
   bool m_closed = false, m_committed = false, m_agreed_failure = false;
   int m_exceptions_at_start = std::uncaught_exceptions();
 };
