@@ -2,7 +2,10 @@
 /// Merging attention partials computed over disjoint key sets (split-KV decoding, ring attention, a
 /// user's own sharding) with the combine rule of online_softmax.hpp.
 #include <kfa/detail/ranges.hpp>
+#include <kfa/error.hpp>
 #include <kfa/online_softmax.hpp>
+
+#include <cstdint>
 
 namespace kfa {
 
