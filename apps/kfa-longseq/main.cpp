@@ -184,7 +184,6 @@ std::string memory_problem(const Config& c, const Shard& s, int p, MPI_Comm comm
 struct Input {
   std::unique_ptr<kfa::io::Reader> reader;  // --input only
   kfa::io::DatasetInfo q, k, v, d_o;
-  bool d_o_from_file() const { return reader && d_o.exists; }
 };
 
 std::string dims_text(const std::vector<long>& d) {
