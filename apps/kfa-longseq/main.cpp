@@ -533,7 +533,7 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
     rep << line;
   }
   std::snprintf(line, sizeof line,
-                "  ring steps %s (mean over ranks) = compute %s + load imbalance %s + communication not hidden %s; "
+                "  ring steps %s = compute %s + load imbalance %s + communication not hidden %s; "
                 "outside the steps %s\n  busiest rank: attention %s, merge %s\n",
                 secs(split.steps_s).c_str(), secs(split.compute_s).c_str(), secs(split.imbalance_s).c_str(),
                 secs(split.exposed_s).c_str(), secs(std::max(0.0, x.comp.total_s - split.steps_s)).c_str(),

@@ -97,12 +97,14 @@ class Progress {
 
 // The ring steps' time split, from every rank's measured per-step times (RingStats): per step, a rank is
 // busy c (its attention kernels and merges) and then waits w (for its transfers, and at the end-of-step
-// agreement for every other rank). Averaged over the ranks, the step's time c + w splits into
-//   compute              mean c
-//   load imbalance       max c - mean c   (waiting for the slowest rank's compute)
-//   not hidden           mean (c + w) - max c   (what is left: communication the compute did not cover)
-// and "hidden" compares the last with the transfer time measured alone (the bytes each step sent at the rate
-// of one bare exchange, time_ring_exchange). Collective.
+// agreement for every other rank). Every step ends together (that agreement), so its wall time T is the
+// longest c + w (the rank that started it first), and splits into
+//   compute              mean c           (the work, as the average rank did it)
+//   load imbalance       max c - mean c   (the average rank waiting for the slowest rank's compute)
+//   not hidden           T - max c        (after the slowest compute: communication it did not cover)
+// which add up to T exactly (a mean of c + w would not: ranks enter the first step at different times);
+// "hidden" compares the last with the transfer time measured alone (the bytes each step sent at the rate of
+// one bare exchange, time_ring_exchange). Collective.
 // A step's end-of-step agreement time where RingStepStats reports it apart from wait_s (sync_s), else 0 (then
 // wait_s includes it).
 template <class S>
@@ -133,13 +135,12 @@ inline StepSplit split_steps(std::initializer_list<const kfa::dist::RingStats*> 
   MPI_Allgather(mine.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, comm);
   StepSplit r;
   for (int i = 0; i + 3 <= n; i += 3) {
-    double cmax = 0, csum = 0, tsum = 0, bmax = 0;
+    double cmax = 0, csum = 0, tmax = 0, bmax = 0;
     for (int q = 0; q < p; ++q) {
       const double* x = &all[static_cast<size_t>(q) * n + i];
-      cmax = std::max(cmax, x[0]), csum += x[0], tsum += x[0] + x[1], bmax = std::max(bmax, x[2]);
+      cmax = std::max(cmax, x[0]), csum += x[0], tmax = std::max(tmax, x[0] + x[1]), bmax = std::max(bmax, x[2]);
     }
-    r.steps_s += tsum / p, r.compute_s += csum / p, r.imbalance_s += cmax - csum / p;
-    r.exposed_s += std::max(0.0, tsum / p - cmax);
+    r.steps_s += tmax, r.compute_s += csum / p, r.imbalance_s += cmax - csum / p, r.exposed_s += tmax - cmax;
     r.transfer_bytes += bmax;
   }
   if (exchange_bytes > 0) r.transfer_s = r.transfer_bytes / exchange_bytes * t_exchange;

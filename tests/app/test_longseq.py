@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """End-to-end tests of kfa-longseq: HDF5 files written by h5py (float16/32/64), results against a numpy
-float64 reference, rank-count independence of --generate, bad inputs, and never a partial output file.
+float64 reference, rank-count independence of --generate, bad inputs, and never a partial output file; long
+names, --help, progress, the report's time split, --check of the gradients, the JSON and typed attributes.
 
   test_longseq.py APP MPIEXEC [MPIEXEC flags...]
 """
 import hashlib
 import json
 import os
+import pty
 import shutil
 import signal
 import subprocess
@@ -22,10 +24,11 @@ MPI = sys.argv[2:]
 FAILURES = []
 
 
-def run(np_, *args, timeout=300, cwd=None, env=None):
-    """Runs the app on np_ ranks; a run past `timeout` s is killed (its whole process group) and returns 124,
-    so a hang fails the test instead of blocking it. `env`: variables added to the environment."""
-    cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
+def run(np_, *args, timeout=300, cwd=None, env=None, launcher=()):
+    """Runs the app on np_ ranks; a run past `timeout` s is killed (mpirun and every rank) and returns 124,
+    so a hang fails the test instead of blocking it. `env`: variables added to the environment; `launcher`:
+    more mpirun options."""
+    cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + list(launcher) + [APP] + [str(a) for a in args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                          start_new_session=True, env=dict(os.environ, **(env or {})))
     try:
@@ -241,7 +244,7 @@ def open_mpi_4():
 def long_names_and_debris(tmp):
     """Issue 15, items 10 and 11. A legal 250-character output name (and JSON name) works and the result has
     exactly the user's name (c8edcdf: SIGABRT in Open MPI 4.1's shared file-pointer component; later "File
-    name too long" for the temporary); an input whose absolute path has ~300 characters is read; a name over
+    name too long" for the temporary); an input whose absolute path has over 250 characters is read; a name over
     NAME_MAX is refused before the run; with Open MPI's lockedfile component selected on purpose, a path it
     cannot take is refused with the limit, not a SIGABRT. A run killed while writing leaves its temporary,
     and the next run writing the same output names it."""
@@ -366,7 +369,6 @@ def help_and_progress(tmp):
     # On a terminal a bar. Open MPI's mpirun gives every rank a pipe for stderr even on a terminal, so the
     # terminal case runs as a singleton (no mpirun) with stderr on a pseudo-terminal; --progress asks for the
     # bar under mpirun.
-    import pty
     m, sl = pty.openpty()
     p = subprocess.Popen([APP, *map(str, base[:7]), "--backward"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=sl, start_new_session=True)
@@ -489,37 +491,42 @@ def reports_and_attributes(tmp):
 
     # The time split: measured per step and rank; contiguous causal work is imbalanced, zigzag is not.
     # At P = 2 contiguous, rank 1 computes a causal diagonal block and a full block, rank 0 only a diagonal
-    # one: about a third of the step time is waiting for rank 1. Zigzag balances it; a busy machine can only
-    # add imbalance (a rank descheduled), so zigzag gets three tries.
-    def split_run(layout, tag):
-        js = os.path.join(d, f"split_{layout}_{tag}.json")
+    # one: about a third of the step time is waiting for rank 1; zigzag balances it. Another process on the
+    # machine adds imbalance of its own to whichever rank shares its core (ranks are bound to cores for
+    # P <= 2: unbound with Open MPI, so the scheduler spreads it), so the pair is measured up to 4 times.
+    unbind = ("--bind-to", "none") if open_mpi_4() else ()
+
+    def split_run(layout, first):
+        js = os.path.join(d, f"split_{layout}.json")
         rc, log = run(2, "--generate", "--seqlen", 8192, "--heads", 2, "--head-dim", 64, "--causal", "--layout", layout,
-                      "--json", js, timeout=120)
+                      "--json", js, timeout=120, launcher=unbind)
         r = json.load(open(js)) if rc == 0 else {}
         parts = sum(r.get(x, 0) for x in ("step_compute_s", "load_imbalance_s", "communication_not_hidden_s"))
-        ok = rc == 0 and "steps_s" in r and r["steps_s"] > 0 and abs(parts - r["steps_s"]) <= 0.05 * r["steps_s"] and \
+        ok = rc == 0 and "steps_s" in r and r["steps_s"] > 0 and abs(parts - r["steps_s"]) <= 1e-6 + 1e-6 * r["steps_s"] \
+            and min(r["step_compute_s"], r["load_imbalance_s"], r["communication_not_hidden_s"]) >= 0 and \
             r["transfer_s"] > 0 and r["exchange_alone_s"] > 0 and 0 <= r["communication_hidden"] <= 1 and \
             "load imbalance" in log and "communication not hidden" in log and "communication hidden" in log
-        if tag == 0:
+        if first:
             check(ok, f"time split, P=2 {layout}: compute + imbalance + not hidden = ring steps, transfers measured, "
                       f"hidden in [0, 1] (exit {rc})")
         if not ok:
-            print(log)
+            print(log, r)
         return r if ok else None
 
-    c = split_run("contiguous", 0)
-    zs = []
-    for t in range(3):
-        z = split_run("zigzag", t)
-        if not z or not c:
+    tries = []
+    for t in range(4):
+        c, z = split_run("contiguous", t == 0), split_run("zigzag", t == 0)
+        if not c or not z:
             break
-        zs.append(z["load_imbalance_s"])
-        if z["load_imbalance_s"] < 0.5 * c["load_imbalance_s"]:
+        tries.append((c["load_imbalance_s"], c["steps_s"], z["load_imbalance_s"]))
+        if c["load_imbalance_s"] > 0.15 * c["steps_s"] and z["load_imbalance_s"] < 0.5 * c["load_imbalance_s"]:
             break
-    if c and zs:
-        check(c["load_imbalance_s"] > 0.15 * c["steps_s"] and min(zs) < 0.5 * c["load_imbalance_s"],
-              f"time split: causal contiguous waits for the slowest rank ({c['load_imbalance_s']:.3f} of "
-              f"{c['steps_s']:.3f} s), zigzag much less ({', '.join(f'{x:.3f}' for x in zs)} s)")
+    if tries:
+        ci, cs, zi = tries[-1]
+        check(ci > 0.15 * cs and zi < 0.5 * ci,
+              f"time split: causal contiguous waits for the slowest rank ({ci:.3f} of {cs:.3f} s), zigzag much less "
+              f"({zi:.3f} s; {len(tries)} tr{'y' if len(tries) == 1 else 'ies'}: "
+              f"{', '.join(f'{a:.3f}/{b:.3f}/{c:.3f}' for a, b, c in tries)})")
     js = os.path.join(d, "p1.json")
     rc, log = run(1, *GEN, "--json", js, timeout=60)
     r = json.load(open(js)) if rc == 0 else {}
