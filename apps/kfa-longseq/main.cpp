@@ -504,7 +504,6 @@ struct Outcome {
 };
 
 // The report on stdout (rank 0).
-template <class T>
 void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
   const double flops = 4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
   const StepSplit& split = x.comp.split;
@@ -578,7 +577,6 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
 }
 
 // The --json summary (documented in apps/README.md, "JSON summary").
-template <class T>
 Json summary(const Config& c, const Shard& s, int p, const Outcome& x) {
   const double flops = 4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
   const StepSplit& split = x.comp.split;
@@ -698,7 +696,7 @@ int run(const Config& c, MPI_Comm comm) {
   getrusage(RUSAGE_SELF, &ru);
   x.memory_high_water_mib = max_over(ru.ru_maxrss / 1024.0, comm);
   x.mem = memory_report(t, comm);
-  if (rank == 0) print_report<T>(c, s, p, x);
+  if (rank == 0) print_report(c, s, p, x);
   if (!finite_ok) {
     if (rank == 0)
       nothing_written(c, "kfa-longseq: " + std::to_string(x.out_bad.total()) + " non-finite result element(s) (NaN or +-Inf) from finite inputs: " +
@@ -710,7 +708,7 @@ int run(const Config& c, MPI_Comm comm) {
     if (rank == 0) nothing_written(c, "kfa-longseq: check FAILED (error over the tolerance): exit 3");
     return 3;
   }
-  commit_outputs(c, rank == 0 && !c.json.empty() ? summary<T>(c, s, p, x).text() : std::string(), writer.get(), comm);
+  commit_outputs(c, rank == 0 && !c.json.empty() ? summary(c, s, p, x).text() : std::string(), writer.get(), comm);
   if (rank == 0 && writer) std::printf("  wrote %s\n", c.output.c_str());
   return 0;
 }

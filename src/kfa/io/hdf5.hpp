@@ -2,7 +2,10 @@
 /// kfa::io — sharded HDF5 I/O for sequence-parallel runs. With a parallel HDF5 every rank reads and writes
 /// its own rows through collective MPI-IO hyperslab selections; with a serial HDF5 (as on machines whose
 /// HDF5 has no MPI) rank 0 does the file I/O and scatters/gathers the rows. Tensors are [batch, seq, heads,
-/// head_dim] (sharded along seq) or [batch, heads, seq] (LSE, sharded along seq).
+/// head_dim] (sharded along seq) or [batch, heads, seq] (LSE, sharded along seq). A rank's rows move whole
+/// (read_rows / write_rows) or in blocks of bounded size (row_blocks, read_block / write_block: one block
+/// of a device tensor on the host at a time), converted by HDF5 to and from float or double in memory, or
+/// stored from Float16 (float16 rounded to nearest as numpy rounds).
 #include <hdf5.h>
 #include <mpi.h>
 
@@ -308,8 +311,7 @@ inline Handle transfer() {
   return dxpl;
 }
 
-/// The HDF5 type of elements of type M in memory: float, double or Float16 (IEEE binary16, as h5py
-/// writes it: HDF5 1.10 has no predefined one).
+/// IEEE binary16 as h5py writes it (HDF5 1.10 has no predefined float16 type).
 inline Handle float16_type() {
   Handle t(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
   H5Tset_fields(t, 15, 10, 5, 0, 10);
@@ -317,6 +319,7 @@ inline Handle float16_type() {
   H5Tset_ebias(t, 15);
   return t;
 }
+/// The HDF5 type of elements of type M in memory: float, double or Float16.
 template <class M>
 Handle memory_type() {
   static_assert(std::is_same<M, float>::value || std::is_same<M, double>::value || std::is_same<M, Float16>::value,
