@@ -5,10 +5,14 @@
 #include <kfa/detail/forward_kernel.hpp>
 #include <kfa/detail/tc_dispatch.hpp>
 #include <kfa/options.hpp>
+#include <kfa/paths.hpp>
 #include <kfa/tiling.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace kfa {
 

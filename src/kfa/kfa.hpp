@@ -9,6 +9,7 @@
 #include <kfa/nonfinite.hpp>  // kfa::count_nonfinite; what NaN/Inf inputs produce
 #include <kfa/online_softmax.hpp>
 #include <kfa/options.hpp>
+#include <kfa/paths.hpp>  // kfa::has_tensor_core_path: where the tensor-core path exists
 #include <kfa/reference.hpp>
 #include <kfa/tiling.hpp>
 #include <kfa/types.hpp>

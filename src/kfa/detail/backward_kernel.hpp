@@ -18,6 +18,8 @@
 #include <kfa/tiling.hpp>
 #include <kfa/types.hpp>
 
+#include <cstdint>
+
 namespace kfa {
 namespace detail {
 

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kfa {
 namespace detail {

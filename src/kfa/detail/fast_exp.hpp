@@ -11,6 +11,7 @@
 #include <kfa/detail/host_simd.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace kfa {

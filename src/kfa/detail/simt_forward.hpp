@@ -13,6 +13,9 @@
 #include <kfa/detail/tc_common.hpp>
 #include <kfa/online_softmax.hpp>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace kfa {
 namespace detail {
 

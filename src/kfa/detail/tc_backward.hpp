@@ -11,8 +11,12 @@
 ///     S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
 /// The next tile's loads are issued as soon as the current tile's last reader is done (cp.async), so the
 /// load overlaps the rest of the tile's products.
+#include <kfa/detail/backward_kernel.hpp>  // recompute_lse
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
+
+#include <cstddef>
+#include <cstdint>
 
 namespace kfa {
 namespace detail {

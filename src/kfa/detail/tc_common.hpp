@@ -1,7 +1,7 @@
 #pragma once
-/// Tensor-core building blocks for the CUDA tile products (sm_80 and newer): the trait that says where
-/// the tensor-core path exists, the run-time eligibility test, and the warp-level PTX wrappers
-/// (mma.sync m16n8k16 with fp32 accumulation, ldmatrix, cp.async) the tensor-core team kernels use.
+/// Tensor-core building blocks for the CUDA tile products (sm_80 and newer): the run-time eligibility
+/// test and the warp-level PTX wrappers (mma.sync m16n8k16 with fp32 accumulation, ldmatrix, cp.async)
+/// the tensor-core team kernels use. The compile-time trait kfa::has_tensor_core_path is in kfa/paths.hpp.
 ///
 /// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
 ///   A 16×16 row-major, 4 registers of 2 elements: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
@@ -10,8 +10,10 @@
 /// Two neighbouring C tiles (16×16 in all) converted to 16-bit are exactly one A fragment, which is how
 /// P = softmax(S) feeds P·V without leaving registers.
 #include <kfa/compat.hpp>
+#include <kfa/paths.hpp>  // kfa::has_tensor_core_path, KFA_HAS_TENSOR_CORES
 #include <kfa/types.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -21,28 +23,6 @@
 #endif
 
 namespace kfa {
-
-/// True where attention can run its tile products on tensor cores: Kokkos::Cuda with half or bfloat16
-/// elements, built for sm_80 or newer. The run-time side (device capability, head dim, strides,
-/// alignment) is detail::tensor_core_ineligible().
-template <class ExecSpace, class T>
-struct has_tensor_core_path : std::false_type {};
-
-#if defined(KOKKOS_ENABLE_CUDA) &&                                                                          \
-    (defined(KOKKOS_ARCH_AMPERE) || defined(KOKKOS_ARCH_ADA89) || defined(KOKKOS_ARCH_HOPPER) ||           \
-     defined(KOKKOS_ARCH_BLACKWELL))
-#define KFA_HAS_TENSOR_CORES 1
-#if KFA_HAS_HALF
-template <>
-struct has_tensor_core_path<Kokkos::Cuda, compat::half_t> : std::true_type {};
-#endif
-#if KFA_HAS_BHALF
-template <>
-struct has_tensor_core_path<Kokkos::Cuda, compat::bhalf_t> : std::true_type {};
-#endif
-#else
-#define KFA_HAS_TENSOR_CORES 0
-#endif
 
 namespace detail {
 

@@ -11,7 +11,9 @@
 #include <kfa/tiling.hpp>
 #include <kfa/types.hpp>
 
+#include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace kfa {
 namespace detail {

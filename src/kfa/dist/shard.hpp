@@ -4,6 +4,8 @@
 /// nearly equal chunks and rank r holds chunks r and 2P−1−r, in that order.
 #include <kfa/error.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <vector>
 
