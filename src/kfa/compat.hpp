@@ -1,7 +1,12 @@
-#pragma once
 /// Every difference between the Kokkos versions kfa supports (3.4.01 as in Debian 12, 4.x, 5.x) lives here.
+///
+/// Kokkos Kernels is needed only by the materialized reference (reference.hpp), so compat::gemm and its
+/// KokkosBlas include sit in a second section at the end, compiled only where KFA_COMPAT_GEMM is defined
+/// before this header is included (reference.hpp does so). Hence an include guard instead of
+/// `#pragma once`: the main part is read once, the gemm section once more when a later header asks for it.
+#ifndef KFA_COMPAT_HPP
+#define KFA_COMPAT_HPP
 #include <Kokkos_Core.hpp>
-#include <KokkosBlas3_gemm.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -73,19 +78,6 @@ class ScopedRegion {
   ScopedRegion& operator=(const ScopedRegion&) = delete;
 };
 
-/// C = alpha op(A) op(B) + beta C on `space`; Kokkos Kernels 3.4 has no execution-space overload.
-template <class ExecSpace, class AV, class BV, class CV, class Scalar>
-void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a,
-          const BV& b, Scalar beta, const CV& c) {
-#if KOKKOS_VERSION >= 40000
-  KokkosBlas::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
-#else
-  space.fence();
-  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
-  ExecSpace().fence();
-#endif
-}
-
 /// Level-0 scratch a team may request on this backend, in bytes.
 template <class ExecSpace>
 int scratch_size_max_l0() {
@@ -100,3 +92,29 @@ inline std::string kokkos_version_string() {
 
 }  // namespace compat
 }  // namespace kfa
+#endif  // KFA_COMPAT_HPP
+
+// Kokkos Kernels: only for the headers that define KFA_COMPAT_GEMM before including this one (reference.hpp).
+#if defined(KFA_COMPAT_GEMM) && !defined(KFA_COMPAT_GEMM_DECLARED)
+#define KFA_COMPAT_GEMM_DECLARED
+#include <KokkosBlas3_gemm.hpp>
+
+namespace kfa {
+namespace compat {
+
+/// C = alpha op(A) op(B) + beta C on `space`; Kokkos Kernels 3.4 has no execution-space overload.
+template <class ExecSpace, class AV, class BV, class CV, class Scalar>
+void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a,
+          const BV& b, Scalar beta, const CV& c) {
+#if KOKKOS_VERSION >= 40000
+  KokkosBlas::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+#else
+  space.fence();
+  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+  ExecSpace().fence();
+#endif
+}
+
+}  // namespace compat
+}  // namespace kfa
+#endif  // KFA_COMPAT_GEMM

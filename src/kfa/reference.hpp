@@ -2,10 +2,15 @@
 /// Standard ("materialized") attention: S = scale·Q·Kᵀ and P = softmax(S) are stored for one (batch, head)
 /// at a time and the products go through Kokkos Kernels gemm. Same signature and semantics as
 /// attention_forward; it is the benchmark baseline and a second oracle, and it needs seq_q·seq_k memory.
+#ifndef KFA_COMPAT_GEMM
+#define KFA_COMPAT_GEMM 1  // compat::gemm (Kokkos Kernels): this is the one kfa header that needs it
+#endif
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
 #include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
+
+#include <string>
 
 namespace kfa {
 
