@@ -10,7 +10,9 @@
 // run ("single"): at P = 1 the ring should match it.
 // Hidden fraction per step = 1 − wait / (time of the same exchange with no compute, measured here), where
 // wait is the time blocked on transfers after the step's compute and "imbalance" the end-of-step agreement
-// (waiting for the slowest rank); times
+// (waiting for the slowest rank). With host staging on a device the host drives MPI inside the step (the
+// kernels run meanwhile), so a transfer longer than the compute shows up as compute, not wait: there
+// "hidden" overstates; compare the step times with the single call instead. Times
 // are the maximum over ranks. GFLOP/s counts the whole sequence's attention (4·H·N²·d, halved for
 // causal; ×3.5 with --backward for forward+backward) over the slowest rank's time.
 #include <Kokkos_Random.hpp>
