@@ -538,6 +538,13 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
                 secs(split.exposed_s).c_str(), secs(std::max(0.0, x.comp.total_s - split.steps_s)).c_str(),
                 secs(x.comp.attention_s).c_str(), secs(x.comp.merge_s).c_str());
   rep << line;
+  if (c.causal && c.layout == "contiguous" && p > 1 && split.imbalance_s > 0.1 * split.steps_s) {
+    std::snprintf(line, sizeof line,
+                  "  hint: with --causal the contiguous layout gives the last ranks most of the work (%.0f%% of the "
+                  "ring steps here was load imbalance); --layout zigzag balances it\n",
+                  100.0 * split.imbalance_s / split.steps_s);
+    rep << line;
+  }
   if (hidden_known)
     std::snprintf(line, sizeof line,
                   "  transfers %s measured alone (%.0f bytes per rank; one bare exchange of %.0f bytes: %s), "
