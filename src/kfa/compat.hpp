@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <vector>
 
 // Device-side code path marker. Kokkos 3.4 has no KOKKOS_IF_ON_DEVICE, so we test the compilers' macros.
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)

@@ -43,6 +43,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace kfa {
@@ -342,8 +343,8 @@ constexpr bool staging_is_pinned = false;
 template <class T, class Mem>
 Kokkos::View<T*, Kokkos::LayoutRight, Mem> kept_buffer(const Ring& ring, const std::string& key, std::size_t count) {
   using Flat = Kokkos::View<T*, Kokkos::LayoutRight, Mem>;
-  std::shared_ptr<void>& slot =
-      ring.staging_slot(key + "::" + std::to_string(sizeof(T)) + "::" + Mem::name());
+  // keyed by the exact View type (half and bfloat16 have the same size but are different types)
+  std::shared_ptr<void>& slot = ring.staging_slot(key + "::" + typeid(Flat).name());
   auto* v = static_cast<Flat*>(slot.get());
   if (!v || v->extent(0) < count) {
     slot.reset();
