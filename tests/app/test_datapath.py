@@ -268,7 +268,10 @@ def host_memory(tmp):
             sane = sane and peak >= tens  # the tensors are host memory here
         check(rc == 0 and sane, f"host memory, {what}: reported in the report and the JSON (peak {peak} MiB, "
                                 f"tensors {tens} MiB, ratio {ratio})")
-        if bound is not None and sane:
+        if bound is not None and sane and os.environ.get("KFA_TEST_SANITIZED"):
+            # AddressSanitizer's shadow memory and quarantine inflate the peak (1.69x seen for a 1.2x run)
+            print(f"note: host memory, {what}: peak {ratio:.2f}x the rank's tensors; not bounded under sanitizers")
+        elif bound is not None and sane:
             check(ratio <= bound, f"host memory, {what}: peak {ratio:.2f}x the rank's tensors (<= {bound})")
         if rc != 0:
             print(log)
