@@ -458,6 +458,25 @@ void write_attributes(kfa::io::Writer& w, const Config& c, const Shard& s, int p
   w.attribute("check_rows", check_rows);
 }
 
+// Test hook: KFA_LONGSEQ_FILL_AFTER_RESERVE=FILE makes rank 0 write FILE until the file system holding it is
+// full, right after the output's Writer has reserved its space and before any dataset is written: a disk
+// that another process fills after the reservation. Every rank waits for it. The tests remove FILE.
+void fill_disk_for_tests(MPI_Comm comm) {
+  int rank;
+  MPI_Comm_rank(comm, &rank);
+  const char* f = std::getenv("KFA_LONGSEQ_FILL_AFTER_RESERVE");
+  if (!f || !*f) return;
+  if (rank == 0) {
+    if (std::FILE* fp = std::fopen(f, "ab")) {
+      static const char zeros[4096] = {0};
+      while (std::fwrite(zeros, 1, sizeof zeros, fp) == sizeof zeros && std::fflush(fp) == 0) {
+      }
+      std::fclose(fp);
+    }
+  }
+  MPI_Barrier(comm);
+}
+
 // Writes --output to its temporary (closed, not yet renamed: commit() does that once the JSON is written
 // too). Nothing is written unless the run and its check succeeded. Collective.
 template <class T>
@@ -470,6 +489,7 @@ std::unique_ptr<kfa::io::Writer> write_output(const Config& c, const Shard& s, c
   const unsigned long long row = static_cast<unsigned long long>(s.batch) * s.seq,
                            bytes = row * s.heads * (s.d * out_size + lse_size) + (c.backward ? row * (s.heads + 2 * s.kv_heads) * s.d * out_size : 0);
   std::unique_ptr<kfa::io::Writer> w(new kfa::io::Writer(c.output, comm, bytes));
+  fill_disk_for_tests(comm);
   if (od == "float64") write_datasets<double>(*w, c, s, t, comm);
   else if (od == "float32") write_datasets<float>(*w, c, s, t, comm);
   else write_datasets<kfa::io::Float16>(*w, c, s, t, comm);

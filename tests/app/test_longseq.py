@@ -763,6 +763,80 @@ def full_filesystem(d):
         subprocess.run(["umount", fs])
 
 
+def full_after_reservation(d):
+    """Issue 15 residual: a disk that another process fills *after* the output's space was reserved (the
+    KFA_LONGSEQ_FILL_AFTER_RESERVE test hook fills a small tmpfs right after the Writer reserved, before any
+    dataset is written; root only, it mounts the tmpfs). Before the fix the reservation was a separate file
+    given back at once: HDF5's collective write then hit ENOSPC in one Open MPI aggregator and the others
+    waited for it, a hang at P = 3 (P = 1, 2 ended with exit 2). Now the temporary owns its blocks: the HDF5
+    output is written completely at any P, equal to the same run on a roomy disk. Without fallocate (the
+    KFA_IO_NO_FALLOCATE test hook) the datasets are written with independent MPI-IO: exit 2 on every rank,
+    the message names the file and the error, the old output stays byte-identical, nothing is left, no hang.
+    Every run has a 60 s limit, so a hang fails instead of blocking. (A --json on a full disk: full_filesystem.)"""
+    if os.geteuid() != 0:
+        print("skip full-after-reservation cases: not root (they mount a 4 MiB tmpfs)")
+        return
+    fs = os.path.join(d, "fs_after")
+    os.makedirs(fs)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", fs], capture_output=True).returncode != 0:
+        print("skip full-after-reservation cases: mount -t tmpfs failed")
+        return
+    try:
+        out = os.path.join(fs, "out.h5")
+        js = os.path.join(fs, "summary.json")
+        fill = os.path.join(fs, "fill")
+        rc, log = run(1, *GEN, "--output", out, "--json", js)
+        check(rc == 0, f"full after reservation: a good run first (exit {rc})")
+        if rc != 0:
+            print(log)
+            return
+        hashes = {p: sha256(p) for p in (out, js)}
+        # 512 KiB of o in blocks of 3000 elements: many collective writes, every rank an aggregator.
+        big = ("--generate", "--seqlen", 4096, "--heads", 2, "--head-dim", 16, "--layout", "zigzag")
+        chunk = {"KFA_LONGSEQ_IO_CHUNK": "3000"}
+        for nranks in (1, 2, 3):
+            want = {}
+            ref = os.path.join(d, f"after_ref_{nranks}.h5")
+            rc, log = run(nranks, *big, "--output", ref, timeout=60, env=chunk)
+            check(rc == 0, f"full after reservation: the same run on a roomy disk, {nranks} rank(s) (exit {rc})")
+            if rc == 0:
+                with h5py.File(ref, "r") as f:
+                    want = {k: f[k][...] for k in ("o", "lse")}
+            for hook, outputs, label in (("", ("--output", os.path.join(fs, "new.h5")), "fallocate, --output"),
+                                         ("1", ("--output", out, "--json", js), "no fallocate, --output and --json")):
+                for x in (fill, os.path.join(fs, "new.h5")):
+                    if os.path.exists(x):
+                        os.remove(x)
+                env = dict(chunk, KFA_LONGSEQ_FILL_AFTER_RESERVE=fill, KFA_IO_NO_FALLOCATE=hook)
+                t0 = time.time()
+                rc, log = run(nranks, *big, *outputs, timeout=60, env=env)
+                took = time.time() - t0
+                filled = os.path.exists(fill) and os.path.getsize(fill) > 0  # the hook wrote until ENOSPC
+                kept = all(sha256(p) == h for p, h in hashes.items())
+                crashed = rc in (124, 134, 139) or rc < 0 or "Segmentation fault" in log or "signal" in log.lower()
+                left = temporaries(fs)
+                tag = f"full after reservation, {label}, {nranks} rank(s)"
+                if outputs[1] != out:  # the output owns its blocks: written whole although the disk is full
+                    same = False
+                    if rc == 0 and want:
+                        with h5py.File(outputs[1], "r") as f:
+                            same = all(np.array_equal(f[k][...], v) for k, v in want.items())
+                    check(rc == 0 and filled and same and kept and not left,
+                          f"{tag}: exit {rc} in {took:.1f} s (want 0), disk filled: {filled}, output equal to the "
+                          f"reference: {same}, no temporary left: {not left}")
+                else:
+                    said = "no space left on device" in log.lower()
+                    named = f"--output {out}: writing dataset" in log
+                    check(rc == 2 and not crashed and filled and said and named and kept and not left,
+                          f"{tag}: exit {rc} in {took:.1f} s (want 2), no crash/hang: {not crashed}, disk filled: "
+                          f"{filled}, says no space: {said}, names the file: {named}, old files byte-identical: {kept}, "
+                          f"no temporary left: {not left}")
+                if rc not in (0, 2) or crashed:
+                    print(log[-3000:])
+    finally:
+        subprocess.run(["umount", fs])
+
+
 def ring_faults(tmp):
     """Chunked ring messages give the same checked result; a failure on one rank in the middle of the ring
     (the KFA_RING_FAULT test hook of kfa::dist::Ring) ends every rank with the same error, exit 2, no hang and no
@@ -990,6 +1064,7 @@ def main():
     reports_and_attributes(tmp)
     collective_metadata(tmp)
     sizes_and_options(tmp)
+    full_after_reservation(tmp)
     ring_faults(tmp)
     nonfinite(tmp)
 

@@ -14,7 +14,10 @@
 
 #include <kfa/io/files.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -303,12 +306,25 @@ inline Handle file_access(MPI_Comm comm) {
 #endif
   return fapl;
 }
-inline Handle transfer() {
+/// Collective MPI-IO transfers, or independent ones (`collective` false: each rank writes its own rows, so
+/// a write that fails on one rank returns there instead of leaving the others inside MPI-IO's collective).
+inline Handle transfer(bool collective = true) {
   Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
 #ifdef KFA_IO_PARALLEL
-  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(dxpl, collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
+#else
+  (void)collective;
 #endif
   return dxpl;
+}
+
+/// Dataset creation: storage allocated when the dataset is created (parallel HDF5 always does; the serial
+/// driver would wait for the first write), so the Writer knows where it lies before writing into it. Nothing
+/// is written then (no fill value is set).
+inline Handle early_allocation() {
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  return dcpl;
 }
 
 /// IEEE binary16 as h5py writes it (HDF5 1.10 has no predefined float16 type).
@@ -676,9 +692,20 @@ class Reader {
 /// final flush/close fails (a full disk, a quota, an I/O error) on any rank, every rank throws the same
 /// kfa::Error naming what failed, the temporary is removed and `path` is left byte-identical. Destroyed
 /// without commit(), the temporary is removed too. Collective.
+///
+/// Space: the temporary owns its disk blocks before HDF5 writes into it. Rank 0 allocates them (fallocate,
+/// the file's size unchanged) for the expected size plus 1 MiB before HDF5 opens the file, and, where that
+/// falls short, up to the end of each dataset plus 256 KiB when it is created (before a byte of it is
+/// written); so every data and metadata write lands in blocks the file already has and cannot fail with
+/// ENOSPC, whatever other processes do to the disk meanwhile. The blocks beyond the final size are given
+/// back at the close. (They did: a disk filled after the old separate reservation made one
+/// aggregator of Open MPI's collective write return "No space left on device" while the others waited for
+/// it, a hang at P >= 3.) Where the file system has no fallocate (EOPNOTSUPP) the free space is checked
+/// instead, 1 MiB for HDF5's metadata is kept in `<tmp>.reserve` until the close, and datasets are written
+/// with independent MPI-IO, so that a write that fails returns on its rank and is agreed like any failure.
 class Writer {
  public:
-  /// `expected_bytes` (the datasets' sizes; 0: unknown) is reserved on the file system before anything is
+  /// `expected_bytes` (the datasets' sizes; 0: unknown) is allocated in the temporary before anything is
   /// written, so a disk without room for the output is refused here, before HDF5 touches it.
   Writer(const std::string& path, MPI_Comm comm, unsigned long long expected_bytes = 0) : m_comm(comm), m_path(path) {
     MPI_Comm_rank(comm, &m_rank);
@@ -692,17 +719,29 @@ class Writer {
     detail::agree(comm, mpi_io_path_problem("--output " + path + ": its temporary", m_tmp, m_size));
     std::string err;
     if (m_rank == 0) err = reserve(expected_bytes);
-    agree(err);
-    if (parallel_hdf5() || m_rank == 0) {
-      detail::Handle fapl = detail::file_access(comm);
-      m_file = detail::Handle(H5Fcreate(m_tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
-      if (m_file.id < 0) err = failure("creating");
-    }
+    int preallocated = m_preallocated ? 1 : 0;  // rank 0's: every rank transfers alike
+    MPI_Bcast(&preallocated, 1, MPI_INT, 0, comm);
+    m_preallocated = preallocated == 1;
     try {
+      agree(err);
+      if (parallel_hdf5() || m_rank == 0) {
+        // The temporary exists (rank 0 made it, empty): MPI-IO opens it without truncating an empty file, so
+        // its blocks stay allocated; the serial driver truncates it (O_TRUNC), grow_allocation() restores them.
+        detail::Handle fapl = detail::file_access(comm);
+        m_file = detail::Handle(H5Fcreate(m_tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+        if (m_file.id < 0) err = failure("creating");
+      }
       agree(err);
     } catch (...) {  // the destructor does not run for a constructor that throws: clean up here
       release_reserve();
       if (m_rank == 0) std::remove(m_tmp.c_str());
+      throw;
+    }
+    try {
+      if (m_rank == 0) err = grow_allocation(-1, true);
+      agree(err);
+    } catch (...) {
+      discard();
       throw;
     }
   }
@@ -713,6 +752,7 @@ class Writer {
     } else {
       // An exception only this rank may have: no collective call (the others may be elsewhere); the
       // process is about to end. Remove the temporary so no debris is left.
+      release_reserve();
       if (m_rank == 0) std::remove(m_tmp.c_str());
     }
   }
@@ -729,9 +769,10 @@ class Writer {
     std::string err;
 #ifdef KFA_IO_PARALLEL
     detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-    detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
     if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
     agree(err);
+    ensure_allocated(ds);
     detail::select_rows(fspace, dims, seq_dim, segs);
     std::vector<hsize_t> md(hd);
     long n = 0;
@@ -739,7 +780,7 @@ class Writer {
     md[seq_dim] = static_cast<hsize_t>(n);
     detail::Handle mspace(H5Screate_simple(static_cast<int>(md.size()), md.data(), nullptr), H5Sclose);
     if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
-    detail::Handle dxpl = detail::transfer();
+    detail::Handle dxpl = detail::transfer(m_preallocated);
     if (H5Dwrite(ds, type, mspace, fspace, dxpl, data.data()) < 0) err = failure("writing dataset '" + name + "' to");
     agree(err);
 #else
@@ -748,8 +789,9 @@ class Writer {
     const int tag = 78;
     if (m_rank == 0) {
       detail::Handle fspace0(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
       if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
+      if (err.empty()) err = grow_allocation(ds);
       for (int r = 0; r < m_size; ++r) {
         long hdr[4];
         std::vector<T> buf;
@@ -796,12 +838,14 @@ class Writer {
       std::vector<hsize_t> hd(dims.begin(), dims.end());
       detail::Handle type = detail::file_type(stored);
       detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
       if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
       else m_datasets[name] = std::move(ds);
     }
     m_dims[name] = dims;
     agree(err);
+    const auto created = m_datasets.find(name);
+    ensure_allocated(created == m_datasets.end() ? -1 : created->second.id);  // its blocks, before write_block writes them
   }
   /// Writes block `b` (row_blocks of the dataset's dims) of dataset `name` (create_dataset) from `data`
   /// (b.elements values of M: float, double or Float16; HDF5 converts float and double to the stored type,
@@ -818,7 +862,7 @@ class Writer {
     detail::Handle fspace(H5Dget_space(ds), H5Sclose);
     detail::select_block(fspace, b);
     detail::Handle mspace = detail::block_memory_space(b);
-    detail::Handle dxpl = detail::transfer();
+    detail::Handle dxpl = detail::transfer(m_preallocated);
     if (H5Dwrite(ds, mem_type, mspace, fspace, dxpl, data) < 0) err = failure("writing dataset '" + name + "' to");
     agree(err);
 #else
@@ -884,7 +928,8 @@ class Writer {
   /// throws (the temporary is removed, `path` untouched). Collective; commit() calls it if needed.
   void close() {
     if (m_closed) return;
-    release_reserve();  // the headroom kept back for HDF5's metadata
+    ensure_allocated();  // the last dataset + 256 KiB: room for the metadata the flush writes (attributes)
+    release_reserve();  // no fallocate: the headroom kept back for HDF5's metadata
     m_datasets.clear();  // open datasets would make H5Fclose fail (MPI-IO files close with H5F_CLOSE_SEMI)
     MPI_Barrier(m_comm);
     std::string err;
@@ -897,6 +942,12 @@ class Writer {
       m_file.id = -1;
     }
     agree(err);
+    // HDF5 cut or extended the file to its end of allocation; the blocks allocated beyond that (the 1 MiB,
+    // an overestimate) are given back by truncating to the size it has (ext4, tmpfs; best effort).
+    struct stat st;
+    if (m_rank == 0 && m_preallocated && ::stat(m_tmp.c_str(), &st) == 0 && ::truncate(m_tmp.c_str(), st.st_size) != 0) {
+      // harmless: the file is complete, only larger on disk
+    }
     m_closed = true;
   }
   /// Closes the temporary (checked, as close()) and, only when that succeeded on every rank, renames it
@@ -957,36 +1008,87 @@ class Writer {
     m_file.id = -1;
     m_committed = true;
   }
-  // Rank 0: reserves `expected` bytes plus a headroom in `<tmp>.reserve` and gives back all but the
-  // headroom, which is kept until the close (or a discard) so HDF5 can always write its metadata then;
-  // "" or why not (no space: the sizes, in bytes).
+  // Collective (every rank, alike): grow_allocation(ds) on rank 0, agreed.
+  void ensure_allocated(hid_t ds = -1) {
+    std::string err;
+    if (m_rank == 0) err = grow_allocation(ds);
+    agree(err);
+  }
+  // Rank 0, preallocated temporaries only: allocates the temporary's blocks up to the end of the datasets'
+  // storage (`ds`: one just created, its storage allocated at creation) plus 256 KiB for the metadata HDF5
+  // allocates after them (attributes: a few KiB), where the first allocation (expected + 1 MiB) falls
+  // short. `all`: from 0, as after H5Fcreate; else only beyond what was allocated. "" or why not.
+  // (H5Fget_eoa would give HDF5's end of allocation, but only with a SWMR driver: MPI-IO is not one.)
+  std::string grow_allocation(hid_t ds = -1, bool all = false) {
+    if (!m_preallocated || m_file.id < 0) return "";
+    if (ds >= 0) {
+      const haddr_t at = H5Dget_offset(ds);
+      if (at == HADDR_UNDEF) return failure("locating a dataset's storage in");
+      m_data_end = std::max<unsigned long long>(m_data_end, static_cast<unsigned long long>(at) + H5Dget_storage_size(ds));
+    }
+    const unsigned long long need = std::max<unsigned long long>(m_data_end + k_trailing_metadata, m_allocated);
+    const int rc = allocate_blocks(all ? 0 : m_allocated, need);
+    if (rc == 0) return "";
+    return "kfa::io: --output " + m_path + ": allocating " + std::to_string(need) + " bytes for " + m_tmp + " failed: " +
+           std::strerror(rc) + " (" + free_bytes() + " bytes free)";
+  }
+  // Rank 0: disk blocks for bytes [from, to) of the temporary, its size unchanged (the file stays as HDF5
+  // writes it); 0 or the errno (EOPNOTSUPP: a file system without fallocate, or the KFA_IO_NO_FALLOCATE test
+  // hook). glibc's posix_fallocate is not used: where the file system lacks fallocate it writes a byte per
+  // block instead, slowly (one write per 4 KiB over NFS), and without its promise on copy-on-write ones.
+  int allocate_blocks(unsigned long long from, unsigned long long to) {
+    if (to <= from) return 0;
+    if (const char* e = std::getenv("KFA_IO_NO_FALLOCATE"))
+      if (*e && std::strcmp(e, "0") != 0) return EOPNOTSUPP;
+    const int fd = ::open(m_tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int rc;
+    do {
+      rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(to - from)) == 0 ? 0 : errno;
+    } while (rc == EINTR);
+    ::close(fd);
+    if (rc == 0) m_allocated = std::max(m_allocated, to);
+    return rc;
+  }
+  std::string free_bytes() const {
+    struct statvfs fs;
+    if (::statvfs(parent_directory(m_path).c_str(), &fs) != 0) return "?";
+    return std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize);
+  }
+  // Rank 0: creates the temporary (empty) and allocates its blocks for `expected` bytes plus the headroom
+  // (m_preallocated). Without fallocate: checks the free space and keeps the headroom, written, in
+  // `<tmp>.reserve` until the close, so HDF5 can write its metadata then. "" or why not (no space: the sizes).
   std::string reserve(unsigned long long expected) {
-    const long long headroom = 1 << 20;
-    const int fd = ::open(m_reserve.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return "kfa::io: --output " + m_path + ": cannot create " + m_reserve + ": " + std::strerror(errno);
-    const long long total = static_cast<long long>(expected) + headroom;
-    int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(total)) == 0 ? 0 : errno;
-    if (rc == EOPNOTSUPP || rc == ENOSYS) {  // no fallocate here: ask statvfs, write the headroom
+    const int fd = ::open(m_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) return "kfa::io: --output " + m_path + ": cannot create " + m_tmp + ": " + std::strerror(errno);
+    ::close(fd);
+    const unsigned long long total = expected + k_headroom;
+    int rc = allocate_blocks(0, total);
+    m_preallocated = rc == 0;
+    if (rc == EOPNOTSUPP || rc == ENOSYS) {
       struct statvfs fs;
       if (::statvfs(parent_directory(m_path).c_str(), &fs) == 0 &&
-          static_cast<double>(fs.f_bavail) * fs.f_frsize < static_cast<double>(total))
+          static_cast<double>(fs.f_bavail) * fs.f_frsize < static_cast<double>(total)) {
         rc = ENOSPC;
-      else {
-        std::vector<char> zeros(static_cast<size_t>(headroom), 0);
-        rc = ::write(fd, zeros.data(), zeros.size()) == static_cast<ssize_t>(zeros.size()) ? 0 : errno;
+      } else {
+        const int rfd = ::open(m_reserve.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (rfd < 0) {
+          const std::string why = std::strerror(errno);
+          ::unlink(m_tmp.c_str());
+          return "kfa::io: --output " + m_path + ": cannot create " + m_reserve + ": " + why;
+        }
+        std::vector<char> zeros(static_cast<size_t>(k_headroom), 0);
+        rc = ::write(rfd, zeros.data(), zeros.size()) == static_cast<ssize_t>(zeros.size()) ? 0 : (errno ? errno : EIO);
+        if (rc == 0 && ::fsync(rfd) != 0 && errno != EINVAL) rc = errno;
+        ::close(rfd);
       }
     }
-    if (rc == 0 && ::ftruncate(fd, static_cast<off_t>(headroom)) != 0) rc = errno;
-    ::close(fd);
     if (rc == 0) return "";
-    ::unlink(m_reserve.c_str());
-    struct statvfs fs;
-    std::string free_bytes = "?";
-    if (::statvfs(parent_directory(m_path).c_str(), &fs) == 0)
-      free_bytes = std::to_string(static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize);
+    release_reserve();
+    ::unlink(m_tmp.c_str());
     return "kfa::io: --output " + m_path + ": cannot reserve " + std::to_string(total) + " bytes (" +
            std::to_string(expected) + " of data + 1 MiB for HDF5 metadata) in " + parent_directory(m_path) + ": " +
-           std::strerror(rc) + " (" + free_bytes + " bytes free); nothing was written";
+           std::strerror(rc) + " (" + free_bytes() + " bytes free); nothing was written";
   }
   void release_reserve() {
     if (m_rank == 0 && !m_reserve.empty()) ::unlink(m_reserve.c_str());
@@ -999,6 +1101,11 @@ class Writer {
   std::map<std::string, detail::Handle> m_datasets;  // created by create_dataset, open until close()
   std::map<std::string, std::vector<long>> m_dims;
   bool m_closed = false, m_committed = false, m_agreed_failure = false;
+  bool m_preallocated = false;        // the temporary's blocks are allocated (agreed); else independent writes
+  unsigned long long m_allocated = 0;  // rank 0: bytes [0, m_allocated) of the temporary have blocks
+  unsigned long long m_data_end = 0;   // rank 0: the end of the last dataset's storage in the file
+  static constexpr unsigned long long k_headroom = 1 << 20;            // allocated beyond the expected bytes
+  static constexpr unsigned long long k_trailing_metadata = 1 << 18;  // allocated beyond the last dataset
   int m_exceptions_at_start = std::uncaught_exceptions();
 };
 
