@@ -10,11 +10,12 @@ Each binary is recognised by its file name (kfa_example_forward, kfa_bench_sdpa,
 (kfa_example_ring, kfa_example_hdf5_roundtrip) run on 2 ranks through MPIEXEC when it is given.
 """
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from apptest import kill_session
 
 FAILURES = []
 
@@ -61,30 +62,6 @@ def run(binary, args, timeout=60, cwd=None):
         kill_session(p.pid)
         out, err = p.communicate()
         return 124, out or "", (err or "") + f"\n[killed after {timeout} s: hang]", time.time() - t0
-
-
-def kill_session(sid):
-    """SIGKILL to every process of session `sid` (a Popen with start_new_session=True): mpirun and the ranks.
-    Open MPI puts each rank in a process group of its own, so killpg(mpirun) would leave a hung rank running."""
-    for _ in range(50):
-        left = 0
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                left += 1
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                except OSError:
-                    pass
-        if not left:
-            return
-        time.sleep(0.05)
 
 
 def refused(binary, args, *words):

@@ -1,0 +1,76 @@
+"""Helpers shared by the app tests in this directory (imported by name: Python puts a script's own directory
+first on sys.path, so `import apptest` works from any working directory, as CTest runs them).
+
+  kill_session(sid)   SIGKILL to mpirun and every rank of a Popen(start_new_session=True)
+  reference(...)      float64 attention forward and gradients from the definition (numpy)
+"""
+import os
+import signal
+import time
+
+
+def kill_session(sid):
+    """SIGKILL to every process of session `sid` (a Popen with start_new_session=True): mpirun and the ranks.
+    Open MPI puts each rank in a process group of its own, so killpg(mpirun) would leave the ranks running."""
+    for _ in range(50):
+        left = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                left += 1
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    pass
+        if not left:
+            return
+        time.sleep(0.05)
+
+
+def reference(q, k, v, do, causal, window=(-1, -1), scale=None, softcap=0.0):
+    """float64 attention forward and gradients from the definition: (o, lse, dq, dk, dv); q [B,S,H,D], k/v
+    [B,S,Hkv,D], do like q; window (left, right), -1 unbounded; scale None: 1/sqrt(D); softcap 0: none."""
+    import numpy as np  # here, so that tests without numpy (test_cli.py) can import this module
+
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    b, s, h, d = q.shape
+    hkv = k.shape[2]
+    g = h // hkv
+    scale = scale or 1.0 / np.sqrt(d)
+    kk = np.repeat(k, g, axis=2)
+    vv = np.repeat(v, g, axis=2)
+    sc = np.einsum("bihd,bjhd->bhij", q, kk) * scale
+    t = None
+    if softcap > 0:
+        t = np.tanh(sc / softcap)
+        sc = softcap * t
+    i = np.arange(s)[:, None]
+    j = np.arange(s)[None, :]
+    vis = np.ones((s, s), bool)
+    if causal:
+        vis &= j <= i
+    if window[1] >= 0:
+        vis &= j <= i + window[1]
+    if window[0] >= 0:
+        vis &= j >= i - window[0]
+    sc = np.where(vis, sc, -np.inf)
+    m = sc.max(-1, keepdims=True)
+    p = np.exp(sc - m)
+    l = p.sum(-1, keepdims=True)
+    p /= l
+    o = np.einsum("bhij,bjhd->bihd", p, vv)
+    lse = (m + np.log(l))[..., 0]
+    dp = np.einsum("bihd,bjhd->bhij", do, vv)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    if t is not None:
+        ds *= 1 - t * t
+    dq = np.einsum("bhij,bjhd->bihd", ds, kk) * scale
+    dk = np.einsum("bhij,bihd->bjhd", ds, q).reshape(b, s, hkv, g, d).sum(3) * scale
+    dv = np.einsum("bhij,bihd->bjhd", p, do).reshape(b, s, hkv, g, d).sum(3)
+    return o, lse, dq, dk, dv
