@@ -118,15 +118,34 @@ void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV&
   using Acc = accumulator_t<T>;
   const int d = static_cast<int>(q.extent(3));
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
-  if (why_not.empty()) why_not = tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward");
   tc_add_view_problem(why_not, "q", q);
   tc_add_view_problem(why_not, "k", k);
   tc_add_view_problem(why_not, "v", v);
   tc_add_view_problem(why_not, "o", o);
+  // Two tensor-core forwards: the FA2-layout kernel (native launch, Q in shared memory beyond Kokkos'
+  // team-scratch cap) where the device gives it its shared memory, else the Kokkos team kernel.
+  bool fa2 = false;
+  if (why_not.empty()) {
+    fa2 = fa2_forward_why_not(space, d, opts).empty();
+    if (!fa2) why_not = tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward");
+  }
   const bool tc = use_tensor_cores(fn, opts.path, why_not);
   const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
                      opts.window_left, opts.window_right);
   const double scale = resolved_scale<T>(opts, q.extent(3));
+  if (tc && fa2) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (has_tensor_core_path<ExecSpace, T>::value) {
+      const std::size_t smem_max = space.cuda_device_prop().sharedMemPerBlockOptin;
+      const TileConfig tiles = d == 64 ? fa2_forward_tiles<64>(smem_max) : fa2_forward_tiles<128>(smem_max);
+      compat::ScopedRegion region(std::string(fn) + "[tensor_core_fa2," + dtype_name<T>() + ",d" + std::to_string(d) +
+                                  "," + to_string(tiles) + "]");
+      if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+      fa2_forward_launch(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
+    }
+#endif
+    return;
+  }
   if (tc) {
     const TileConfig tiles = tc_forward_tiles(d, static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>()));
     compat::ScopedRegion region(std::string(fn) + "[tensor_core," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
@@ -217,6 +236,7 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   using Acc = accumulator_t<T>;
   const int d = static_cast<int>(q.extent(3));
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
+  if (why_not.empty()) why_not = tc_backward_problem(space, d);
   if (why_not.empty()) {
     const BackwardTileConfig t = tc_backward_tiles(d, 0);
     // one override serves both kernels only where they agree; the portable path honours any
@@ -232,7 +252,8 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   tc_add_view_problem(why_not, "dv", dv);
   const bool tc = use_tensor_cores(fn, opts.path, why_not);
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  const BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max) : backward_tile_config(space, q, k, opts);
+  BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max) : backward_tile_config(space, q, k, opts);
+  if (tc) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // the dK/dV kernel is launched natively
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
   if (!tc && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),

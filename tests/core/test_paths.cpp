@@ -101,6 +101,7 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
     ro.causal = true;
     check_paths_agree<T>({1, 300, 300, 2, 1, d}, ro);
     check_paths_agree<T>({1, 100, 30, 2, 2, d}, ro);  // rows that see no key
+    check_paths_agree<T>({1, 700, 1000, 2, 1, d}, ro);  // many key tiles: both stages of the K/V double buffer
     RefOptions w;
     w.window_left = 37;
     w.window_right = 5;

@@ -39,6 +39,14 @@ struct KeyMask {
   KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
     return j >= 0 && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
   }
+  /// The keys row i sees as one range [first, last] (empty when first > last): visible(i, j) is
+  /// first <= j <= last. Kernels test a whole row of a tile against it.
+  KOKKOS_INLINE_FUNCTION void visible_range(long i, long& first, long& last) const {
+    first = left < 0 ? 0 : i + offset - left;
+    if (first < 0) first = 0;
+    last = right < 0 ? seq_k - 1 : i + offset + right;
+    if (last > seq_k - 1) last = seq_k - 1;
+  }
   /// First key any of rows [i_begin, i_end) can see (may be ≥ the returned end: nothing visible).
   KOKKOS_INLINE_FUNCTION long key_begin(long i_begin) const {
     const long b = left < 0 ? 0 : i_begin + offset - left;

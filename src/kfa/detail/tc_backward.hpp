@@ -3,14 +3,15 @@
 /// launches as backward_kernel.hpp (D = rowsum(dO ∘ O) first, then a dK/dV kernel and a dQ kernel, no
 /// atomics, bitwise reproducible), with every tile product on mma.sync and each warp owning 16 rows:
 ///
-///   dK/dV (one team per batch, kv head, 64 keys): K read through L1 (A of Sᵀ = K·Qᵀ), V in scratch (A of
-///     dPᵀ = V·dOᵀ), Q and dO tiles streamed through scratch with cp.async; Pᵀ and dSᵀ go from the C
-///     layout straight into A fragments of dV += Pᵀ·dO and dK += dSᵀ·Q; dK and dV stay in fp32 registers
-///     over every query head of the group and every visible query tile.
-///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed;
-///     S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
-/// The next tile's loads are issued as soon as the current tile's last reader is done (cp.async), so the
-/// load overlaps the rest of the tile's products.
+///   dK/dV (one block per batch, kv head, 64 keys): K and V in shared memory (A of Sᵀ = K·Qᵀ and of
+///     dPᵀ = V·dOᵀ), Q and dO tiles (with their lse and D) streamed through two stages of shared
+///     memory with cp.async; Pᵀ and dSᵀ go from the C layout straight into A fragments of dV += Pᵀ·dO and
+///     dK += dSᵀ·Q; dK and dV stay in fp32 registers over every query head of the group and every visible
+///     query tile. Its two stages do not fit Kokkos' 40 KB team scratch: it is launched natively
+///     (tc_native.hpp) on the caller's stream.
+///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed through
+///     two stages of level-0 scratch; S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
+/// Both double-buffer: the loads of tile t+1 are in flight while tile t is multiplied.
 #include <kfa/detail/backward_kernel.hpp>  // recompute_lse
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
@@ -31,10 +32,13 @@ struct TcBackwardShape {
   static constexpr int dkdv_block_q = D > 64 ? 32 : 64;      // streamed query rows
   static constexpr int dq_block_q = 16 * warps;              // owned query rows
   static constexpr int dq_block_k = D > 64 ? 32 : 64;        // streamed keys
-  // dK/dV: V[bk] + Q[bq] + dO[bq] tiles (16-bit, padded rows) + lse[bq] + D[bq] (fp32)
-  static constexpr std::size_t dkdv_scratch = (dkdv_block_k + 2u * dkdv_block_q) * pitch * 2 + 2u * dkdv_block_q * 4;
-  // dQ: K[bk] + V[bk]
-  static constexpr std::size_t dq_scratch = 2u * dq_block_k * pitch * 2;
+  // dK/dV: V[bk] and K[bk], then two stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
+  // (fp32)
+  static constexpr std::size_t dkdv_stage = 2u * dkdv_block_q * pitch * 2 + 2u * dkdv_block_q * 4;
+  static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + 2u * dkdv_stage;
+  // dQ: two stages of K[bk] + V[bk]
+  static constexpr std::size_t dq_stage = 2u * dq_block_k * pitch * 2;
+  static constexpr std::size_t dq_scratch = 2u * dq_stage;
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -61,8 +65,7 @@ struct TcDkDvKernel {
   using T = typename QV::non_const_value_type;
   using Shape = TcBackwardShape<D>;
   static constexpr int WARPS = Shape::warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
-  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, 2>>;
-  using member_type = typename policy_type::member_type;
+  static constexpr int MIN_BLOCKS = 2;  // launch bounds of the native launch
 
   QV q;
   KV k;
@@ -83,11 +86,11 @@ struct TcDkDvKernel {
         group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
         softcap(softcap_), mask(mask_) {}
 
-  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+  /// The body of block `lr` (native_team_kernel), with Shape::dkdv_scratch bytes of shared memory at smem.
+  KOKKOS_FUNCTION void run(int lr, char* smem) const {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const int lr = team.league_rank();
     const int kb = lr % n_kblocks;
     const int hk = (lr / n_kblocks) % heads_kv;
     const int b = lr / (n_kblocks * heads_kv);
@@ -95,12 +98,9 @@ struct TcDkDvKernel {
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
     const int wk0 = k0 + warp * 16;  // this warp's first key
 
-    char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dkdv_scratch)));
-    const std::uint32_t vs = tc::smem_addr(smem);
-    const std::uint32_t qs = vs + BK * P * 2;
-    const std::uint32_t dos = qs + BQ * P * 2;
-    float* lse_s = reinterpret_cast<float*>(smem + (BK + 2 * BQ) * P * 2);
-    float* dd_s = lse_s + BQ;
+    // V, K, then stage st at smem + 2·BK·P·2 + st·dkdv_stage: Q tile, dO tile, lse[BQ], D[BQ].
+    const std::uint32_t vs = tc::smem_addr(smem), ks = vs + BK * P * 2;
+    auto stage_at = [&](int st) { return smem + 2 * BK * P * 2 + st * Shape::dkdv_stage; };
 
     const long qb0 = mask.query_begin(k0);
     const long qb1 = mask.query_end(k0 + keys, seq_q);
@@ -111,31 +111,38 @@ struct TcDkDvKernel {
       const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
       return static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
     };
-    auto issue = [&](int step) {
+    // Step `step` into stage st: Q and dO with cp.async, lse and D with plain stores (seen after the
+    // barrier that starts the step).
+    auto issue = [&](int step, int st) {
       const int hq = hk * group + step / n_qt;
       const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
       const int rows = tile_rows(step);
+      char* sp = stage_at(st);
+      const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
       tc::load_tile_async<D>(qs, reinterpret_cast<const std::uint16_t*>(q.data() + b * q.stride(0) + i * qstride +
                                                                          hq * q.stride(2)),
                              qstride, BQ, rows, tid, 32 * WARPS);
       tc::load_tile_async<D>(dos, reinterpret_cast<const std::uint16_t*>(d_o.data() + b * d_o.stride(0) +
                                                                           i * dostride + hq * d_o.stride(2)),
                              dostride, BQ, rows, tid, 32 * WARPS);
+      float* lse_s = reinterpret_cast<float*>(sp + 2 * BQ * P * 2);
+      float* dd_s = lse_s + BQ;
+      for (int r = tid; r < BQ; r += 32 * WARPS) {
+        lse_s[r] = r < rows ? recompute_lse(static_cast<float>(lse(b, hq, i + r))) : compat::infinity<float>();
+        dd_s[r] = r < rows ? static_cast<float>(dd(b, hq, i + r)) : 0.f;
+      }
     };
     if (steps > 0) {
       tc::load_tile_async<D>(vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) +
                                                                          hk * v.stride(2)),
                              static_cast<long>(v.stride(1)), BK, keys, tid, 32 * WARPS);
-      issue(0);
+      tc::load_tile_async<D>(ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) +
+                                                                         hk * k.stride(2)),
+                             static_cast<long>(k.stride(1)), BK, keys, tid, 32 * WARPS);
+      issue(0, 0);
     }
     tc::cp_async_commit();
 
-    // K rows g and g + 8 of this warp as A of Sᵀ = K·Qᵀ: re-read from L1/L2 for every tile rather than held
-    // in 32 more registers (which made the d = 128 instance spill).
-    const std::uint32_t* kr0 =
-        wk0 + g < seq_k ? reinterpret_cast<const std::uint32_t*>(&k(b, wk0 + g, hk, 0)) : nullptr;
-    const std::uint32_t* kr1 =
-        wk0 + g + 8 < seq_k ? reinterpret_cast<const std::uint32_t*>(&k(b, wk0 + g + 8, hk, 0)) : nullptr;
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
@@ -149,15 +156,17 @@ struct TcDkDvKernel {
     const std::uint32_t a_lane = static_cast<std::uint32_t>(((warp * 16 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
     for (int step = 0; step < steps; ++step) {
-      const int hq = hk * group + step / n_qt;
       const long i0 = qb0 + static_cast<long>(step % n_qt) * BQ;
       const int rows = tile_rows(step);
-      for (int r = tid; r < BQ; r += 32 * WARPS) {
-        lse_s[r] = r < rows ? recompute_lse(static_cast<float>(lse(b, hq, i0 + r))) : compat::infinity<float>();
-        dd_s[r] = r < rows ? static_cast<float>(dd(b, hq, i0 + r)) : 0.f;
-      }
-      tc::cp_async_wait_all();
-      __syncthreads();  // Q, dO (and V) tiles, lse and D are in
+      const int st = step & 1;
+      if (step + 1 < steps) issue(step + 1, st ^ 1);
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // all but the group just issued
+      __syncthreads();        // this step's Q, dO (and V) tiles, lse and D are in
+      char* sp = stage_at(st);
+      const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
+      const float* lse_s = reinterpret_cast<const float*>(sp + 2 * BQ * P * 2);
+      const float* dd_s = lse_s + BQ;
 
       // Sᵀ[key][query] = K·Qᵀ
       float s[BQ / 8][4];
@@ -165,8 +174,8 @@ struct TcDkDvKernel {
       for (int n = 0; n < BQ / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t ka[4] = {kr0 ? __ldg(kr0 + kk * 8 + t4) : 0u, kr1 ? __ldg(kr1 + kk * 8 + t4) : 0u,
-                                     kr0 ? __ldg(kr0 + kk * 8 + 4 + t4) : 0u, kr1 ? __ldg(kr1 + kk * 8 + 4 + t4) : 0u};
+        std::uint32_t ka[4];  // K rows of this warp as A, from shared memory (rows past seq_k are zeros)
+        tc::ldmatrix_x4(ka, ks + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
 #pragma unroll
         for (int n = 0; n < BQ / 8; n += 2) {
           std::uint32_t bf[4];
@@ -231,9 +240,7 @@ struct TcDkDvKernel {
           tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
         }
       }
-      __syncthreads();  // every warp is done with this Q, dO, lse, D
-      if (step + 1 < steps) issue(step + 1);
-      tc::cp_async_commit();
+      __syncthreads();  // every warp is done with this stage before step + 2 refills it
     }
     tc::cp_async_wait_all();
 
@@ -243,7 +250,7 @@ struct TcDkDvKernel {
     tc::store_c_rows<D, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, 0) : nullptr,
                            r1 < seq_k ? &dv(b, r1, hk, 0) : nullptr, t4);
 #else
-    (void)team;
+    (void)lr, (void)smem;
     Kokkos::abort("kfa: the tensor-core backward kernel ran on a device without sm_80 tensor cores");
 #endif
   }
@@ -283,20 +290,21 @@ struct TcDqKernel {
     const int wr0 = i0 + warp * 16;
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
-    const std::uint32_t ks = tc::smem_addr(smem);
-    const std::uint32_t vs = ks + BK * P * 2;
+    // Stage st: K tile at ks0 + st·dq_stage, V tile right after it.
+    const std::uint32_t ks0 = tc::smem_addr(smem);
     const std::uint16_t* kbase = reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + hk * k.stride(2));
     const std::uint16_t* vbase = reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + hk * v.stride(2));
     const long kstride = static_cast<long>(k.stride(1)), vstride = static_cast<long>(v.stride(1));
 
     const long j_begin = mask.key_begin(i0);
     const long j_end = mask.key_end(i0 + rows);
-    auto issue = [&](long j0) {
+    auto issue = [&](long j0, int st) {
       const int cols = static_cast<int>(j_end - j0 < BK ? j_end - j0 : BK);
+      const std::uint32_t ks = ks0 + st * static_cast<std::uint32_t>(Shape::dq_stage);
       tc::load_tile_async<D>(ks, kbase + j0 * kstride, kstride, BK, cols, tid, 32 * WARPS);
-      tc::load_tile_async<D>(vs, vbase + j0 * vstride, vstride, BK, cols, tid, 32 * WARPS);
+      tc::load_tile_async<D>(ks + BK * P * 2, vbase + j0 * vstride, vstride, BK, cols, tid, 32 * WARPS);
     };
-    if (j_begin < j_end) issue(j_begin);
+    if (j_begin < j_end) issue(j_begin, 0);
     tc::cp_async_commit();
 
     const int r0 = wr0 + g, r1 = wr0 + g + 8;
@@ -314,10 +322,14 @@ struct TcDqKernel {
     const std::uint32_t b_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
     const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
-    for (long j0 = j_begin; j0 < j_end; j0 += BK) {
+    int st = 0;
+    for (long j0 = j_begin; j0 < j_end; j0 += BK, st ^= 1) {
       const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
-      tc::cp_async_wait_all();
-      __syncthreads();  // K_j, V_j are in
+      if (j0 + BK < j_end) issue(j0 + BK, st ^ 1);
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // all but the group just issued
+      __syncthreads();        // K_j, V_j are in
+      const std::uint32_t ks = ks0 + st * static_cast<std::uint32_t>(Shape::dq_stage), vs = ks + BK * P * 2;
       float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll
       for (int n = 0; n < BK / 8; ++n)
@@ -359,9 +371,7 @@ struct TcDqKernel {
           tc::mma<T>(dqa[n + 1], da, bf[2], bf[3]);
         }
       }
-      __syncthreads();  // every warp is done with K_j, V_j
-      if (j0 + BK < j_end) issue(j0 + BK);
-      tc::cp_async_commit();
+      __syncthreads();  // every warp is done with this stage before tile j + 2 refills it
     }
     tc::cp_async_wait_all();
     tc::store_c_rows<D, T>(dqa, scale, scale, r0 < seq_q ? &dq(b, r0, h, 0) : nullptr,

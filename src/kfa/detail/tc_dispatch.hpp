@@ -5,6 +5,7 @@
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/simt_forward.hpp>
 #include <kfa/detail/tc_backward.hpp>
+#include <kfa/detail/tc_fa2_forward.hpp>
 #include <kfa/detail/tc_forward.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
@@ -57,6 +58,18 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
   return "";
 }
 
+/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): its dK/dV kernel
+/// takes more shared memory per block than Kokkos' team scratch, opted in natively.
+template <class ExecSpace>
+std::string tc_backward_problem(const ExecSpace& space, int d) {
+  const std::size_t need = d == 64 ? TcBackwardShape<64>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch;
+  const std::size_t have = native_smem_max(space);
+  if (have < need)
+    return "the device allows " + std::to_string(have) + " B of shared memory per block, the tensor-core dK/dV kernel needs " +
+           std::to_string(need);
+  return "";
+}
+
 /// opts.path resolved: true to run on tensor cores. `why_not` is "" when they can run; asking for
 /// tensor_core when they cannot is an error naming the reason.
 inline bool use_tensor_cores(const char* fn, TileProductPath path, const std::string& why_not) {
@@ -95,6 +108,33 @@ BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
     c->team_size = 32 * S::warps;
     c->scratch_l0_max = l0_max;
   }
+  return t;
+}
+
+// Build-time switch for measuring the two tensor-core forwards against each other (perf/RESULTS.md):
+// 0 keeps the Kokkos team kernel even where the FA2-layout kernel could run.
+#ifndef KFA_TC_FWD_FA2
+#define KFA_TC_FWD_FA2 1
+#endif
+
+/// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can).
+template <class ExecSpace>
+std::string fa2_forward_why_not(const ExecSpace& space, int d, const AttentionOptions& opts) {
+  if (!KFA_TC_FWD_FA2) return "it is disabled in this build (KFA_TC_FWD_FA2=0)";
+  const std::string why = fa2_forward_problem(space, d);
+  if (!why.empty()) return why;
+  return d == 64 ? tc_block_problem(opts, Fa2ForwardShape<64>::block_q, Fa2ForwardShape<64>::block_k, "forward")
+                 : tc_block_problem(opts, Fa2ForwardShape<128>::block_q, Fa2ForwardShape<128>::block_k, "forward");
+}
+
+template <int D>
+TileConfig fa2_forward_tiles(std::size_t smem_max) {
+  TileConfig t;
+  t.block_q = Fa2ForwardShape<D>::block_q;
+  t.block_k = Fa2ForwardShape<D>::block_k;
+  t.team_size = 32 * Fa2ForwardShape<D>::warps;
+  t.scratch_l0 = Fa2ForwardShape<D>::smem;
+  t.scratch_l0_max = smem_max;
   return t;
 }
 
@@ -194,9 +234,9 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
     const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
     if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
-    typename K1::policy_type p1(space, static_cast<int>(league), S::warps, 32);
-    p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
-    Kokkos::parallel_for("kfa::attention_backward::dkdv[tensor_core]", p1, k1);
+    // Two stages of Q/dO tiles exceed Kokkos' team scratch: launched natively on the caller's stream.
+    native_launch(space, "kfa::attention_backward::dkdv[tensor_core]", &native_team_kernel<K1>, league, dim3(32, S::warps),
+                  S::dkdv_scratch, K1::MIN_BLOCKS, k1);
   }
   if (q.extent(1) > 0) {
     using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;

@@ -1,0 +1,344 @@
+#pragma once
+/// The tensor-core forward in FlashAttention-2's layout, launched natively on the caller's Kokkos::Cuda
+/// stream with opt-in dynamic shared memory (Kokkos gives a team at most 40,936 B of level-0 scratch,
+/// which is what kept the Q block out of shared memory in tc_forward.hpp; the measurement is in
+/// perf/RESULTS.md). Same algorithm, same fragments (tc_common.hpp), same combine rule.
+///
+/// Per block: 4 warps, BQ = 128 query rows, 32 rows (two m16 tiles) per warp, so every K or V fragment a
+/// warp reads from shared memory feeds four mma instead of two. Q is copied to shared memory once and
+/// re-read with ldmatrix; K and V tiles of BC keys are double-buffered (two real stages): the loads of
+/// tile j+1 are in flight while tile j is multiplied. S, P and O live in registers; the softmax runs in
+/// base 2 with the scale folded into one FFMA per element.
+///
+/// Ordering with the user's work: the kernel is enqueued on space.cuda_stream(), the stream every Kokkos
+/// kernel of that instance runs on, so fences and later Kokkos work see it exactly as a parallel_for.
+#include <kfa/detail/mask.hpp>
+#include <kfa/detail/tc_common.hpp>
+#include <kfa/detail/tc_native.hpp>
+#include <kfa/error.hpp>
+#include <kfa/online_softmax.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace kfa {
+namespace detail {
+
+/// Tile shape of the FA2-layout forward for head dim D: 64 keys per tile (S in 64 registers next to O's
+/// 128 at d = 128; FA2 takes 128 keys at d = 64, which spills here: KFA_FA2_D64_BLOCK_K=128 measures it).
+#ifndef KFA_FA2_D64_BLOCK_K
+#define KFA_FA2_D64_BLOCK_K 64
+#endif
+#ifndef KFA_FA2_D128_BLOCK_K
+#define KFA_FA2_D128_BLOCK_K 64
+#endif
+template <int D>
+struct Fa2ForwardShape {
+  static constexpr int warps = 4;
+  static constexpr int min_blocks = 2;  // resident blocks per SM the registers are bounded for
+  static constexpr int block_q = 32 * warps;
+  static constexpr int block_k = D <= 64 ? KFA_FA2_D64_BLOCK_K : KFA_FA2_D128_BLOCK_K;
+  static constexpr int pitch = D + 8;  // elements per shared row (16-byte pad: conflict-free ldmatrix)
+  /// Q, then two stages of K and V, all 16-bit.
+  static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * pitch * 2;
+};
+
+/// Everything the kernel reads, as raw pointers and element strides (batch, row, head) of the views.
+template <class OutT>
+struct Fa2ForwardArgs {
+  const std::uint16_t* q;
+  const std::uint16_t* k;
+  const std::uint16_t* v;
+  OutT* o;
+  float* lse;
+  long q_s[3], k_s[3], v_s[3], o_s[3], l_s[3];  // l_s: (batch, head, row)
+  int seq_q, heads_q, group, n_qblocks;
+  float scale, softcap;
+  KeyMask mask;
+};
+
+#if KFA_HAS_TENSOR_CORES
+namespace tc {
+#if KFA_TC_DEVICE
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+}  // namespace tc
+
+/// Softcap is a template parameter so that the common instance carries no tanh code: the loop body is
+/// large, and cold code interleaved with it was measured (ncu) to stall warps on instruction fetch.
+template <int D, bool Softcap, class T, class OutT>
+__global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShape<D>::min_blocks) tc_fa2_forward_kernel(const Fa2ForwardArgs<OutT> a) {
+#if KFA_TC_DEVICE
+  using Shape = Fa2ForwardShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, P = Shape::pitch, NT = 32 * Shape::warps;
+  constexpr int MT = 2;  // m16 tiles per warp
+  extern __shared__ __align__(16) unsigned char fa2_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int g = lane >> 2, t4 = lane & 3;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const int wr0 = i0 + warp * 32;  // this warp's first query row
+  const float ninf = -compat::infinity<float>();
+  const KeyMask& mask = a.mask;
+
+  const std::uint32_t qs = tc::smem_addr(fa2_smem);
+  const std::uint32_t ks0 = qs + BQ * P * 2;  // stage s: K at ks0 + s·2·BC·P·2, V right after it
+  constexpr std::uint32_t kv_bytes = BC * P * 2, stage_bytes = 2 * kv_bytes;
+
+  const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+  const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+  const long kstride = a.k_s[1], vstride = a.v_s[1];
+
+  const long j_begin = mask.key_begin(i0);
+  const long j_end = mask.key_end(i0 + rows);
+  auto load_kv = [&](long j0, int stage) {
+    const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+    const std::uint32_t kd = ks0 + stage * stage_bytes;
+    tc::load_tile_async<D>(kd, kbase + j0 * kstride, kstride, BC, cols, tid, NT);
+    tc::load_tile_async<D>(kd + kv_bytes, vbase + j0 * vstride, vstride, BC, cols, tid, NT);
+  };
+  // Group 0: the Q block (rows past seq_q are zeros) and the first K/V tile.
+  tc::load_tile_async<D>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1], BQ, rows,
+                         tid, NT);
+  if (j_begin < j_end) load_kv(j_begin, 0);
+  tc::cp_async_commit();
+
+  float acc[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+  // Row r of m-tile mt: r = 0 is row g, r = 1 is row g + 8. m in natural units (scale applied), as the
+  // combine rule takes it; l is this lane's partial sum, reduced over the quad at the end.
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = ninf, l[mt][0] = l[mt][1] = 0.f;
+  constexpr float log2e = 1.4426950408889634f;
+  const float c = a.scale * log2e;  // exp(scale·s − m) = 2^(s·c − m·log2e)
+  const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
+
+  // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
+  const int mi = lane >> 3, mr = lane & 7;
+  // Q as A (row-major): matrices (rows +0, d +0), (rows +8, d +0), (rows +0, d +8), (rows +8, d +8)
+  const std::uint32_t q_lane = qs + static_cast<std::uint32_t>(((warp * 32 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+  // K as B of S = Q·Kᵀ: matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8)
+  const std::uint32_t k_off = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
+  // V as B of O += P·V (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
+  const std::uint32_t v_off = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+
+  int stage = 0;
+  for (long j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+    tc::cp_async_commit();
+    tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q) are in
+    __syncthreads();
+    const std::uint32_t k_lane = ks0 + stage * stage_bytes + k_off;
+    const std::uint32_t v_lane = ks0 + stage * stage_bytes + kv_bytes + v_off;
+
+    float s[MT][BC / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        tc::ldmatrix_x4(qa[mt], q_lane + static_cast<std::uint32_t>((mt * 16 * P + kk * 16) * 2));
+#pragma unroll
+      for (int n = 0; n < BC / 8; n += 2) {
+        std::uint32_t bf[4];
+        tc::ldmatrix_x4(bf, k_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          tc::mma<T>(s[mt][n], qa[mt], bf[0], bf[1]);
+          tc::mma<T>(s[mt][n + 1], qa[mt], bf[2], bf[3]);
+        }
+      }
+    }
+
+    // Softcap and mask in raw units (x·scale is applied in the exponent), each one block of code that
+    // the common tile skips with one branch; then the online softmax.
+    if (Softcap) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = cap_out * tanhf(s[mt][n][e] * cap_in);
+    }
+    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC)) {
+      // Keys past j_end are seen by no row, so the row's visible range covers the tile's padding too.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          long first, last;
+          mask.visible_range(wr0 + mt * 16 + g + r * 8, first, last);
+          const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+          const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
+#pragma unroll
+          for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int jj = n * 8 + 2 * t4 + e;
+              if (jj < lo || jj > hi) s[mt][n][2 * r + e] = ninf;
+            }
+        }
+    }
+    std::uint32_t pa[MT][BC / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float tmax[2] = {ninf, ninf};
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[mt][n][e]);
+      float mc[2];  // the new maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float tm = tc::quad_max(tmax[r]);
+        const MergeFactors<float> f = merge_factors(m[mt][r], tm == ninf ? ninf : tm * a.scale);
+        m[mt][r] = f.m;
+        mc[r] = f.m == ninf ? 0.f : f.m * log2e;
+        l[mt][r] *= f.scale_a;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          acc[mt][n][2 * r] *= f.scale_a;
+          acc[mt][n][2 * r + 1] *= f.scale_a;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        const float p0 = tc::exp2_approx(fmaf(s[mt][n][0], c, -mc[0]));
+        const float p1 = tc::exp2_approx(fmaf(s[mt][n][1], c, -mc[0]));
+        const float p2 = tc::exp2_approx(fmaf(s[mt][n][2], c, -mc[1]));
+        const float p3 = tc::exp2_approx(fmaf(s[mt][n][3], c, -mc[1]));
+        l[mt][0] += p0 + p1;
+        l[mt][1] += p2 + p3;
+        pa[mt][n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
+        pa[mt][n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        std::uint32_t bf[4];
+        tc::ldmatrix_x4_trans(bf, v_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          tc::mma<T>(acc[mt][n], pa[mt][kk], bf[0], bf[1]);
+          tc::mma<T>(acc[mt][n + 1], pa[mt][kk], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+  }
+  tc::cp_async_wait_all();
+
+  OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
+  float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float lsum[2], inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lsum[r] = tc::quad_sum(l[mt][r]);
+      inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+    }
+    const int r0 = wr0 + mt * 16 + g, r1 = r0 + 8;
+    tc::store_c_rows<D, T>(acc[mt], inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
+                           r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
+    if (t4 == 0) {
+      if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[mt][0], lsum[0]}.lse();
+      if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[mt][1], lsum[1]}.lse();
+    }
+  }
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the launcher checks the device's compute capability first
+#endif
+#endif
+}
+#endif  // KFA_HAS_TENSOR_CORES
+
+/// Why the FA2-layout forward cannot run head dim d on this space's device ("" when it can): it needs
+/// Kokkos::Cuda and more shared memory per block than Kokkos' team scratch allows.
+template <class ExecSpace>
+std::string fa2_forward_problem(const ExecSpace& space, int d) {
+#if KFA_HAS_TENSOR_CORES
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    const std::size_t need = d == 64 ? Fa2ForwardShape<64>::smem : Fa2ForwardShape<128>::smem;
+    const std::size_t have = native_smem_max(space);
+    if (have < need)
+      return "the device allows " + std::to_string(have) + " B of shared memory per block, the FA2-layout forward needs " +
+             std::to_string(need);
+    return "";
+  }
+#endif
+  (void)space, (void)d;
+  return "it is a Kokkos::Cuda kernel";
+}
+
+#if KFA_HAS_TENSOR_CORES
+template <int D, bool Softcap, class QV, class KV, class VV, class OV, class LV>
+void fa2_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                          float scale, float softcap, const KeyMask& mask) {
+  using T = typename QV::non_const_value_type;
+  using OutT = typename OV::non_const_value_type;
+  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
+  using Shape = Fa2ForwardShape<D>;
+  Fa2ForwardArgs<OutT> a;
+  a.q = reinterpret_cast<const std::uint16_t*>(q.data());
+  a.k = reinterpret_cast<const std::uint16_t*>(k.data());
+  a.v = reinterpret_cast<const std::uint16_t*>(v.data());
+  a.o = o.data();
+  a.lse = lse.data();
+  for (int r = 0; r < 3; ++r) {
+    a.q_s[r] = static_cast<long>(q.stride(r));
+    a.k_s[r] = static_cast<long>(k.stride(r));
+    a.v_s[r] = static_cast<long>(v.stride(r));
+    a.o_s[r] = static_cast<long>(o.stride(r));
+    a.l_s[r] = static_cast<long>(lse.stride(r));
+  }
+  a.seq_q = static_cast<int>(q.extent(1));
+  a.heads_q = static_cast<int>(q.extent(2));
+  a.group = static_cast<int>(q.extent(2) / k.extent(2));
+  a.n_qblocks = (a.seq_q + Shape::block_q - 1) / Shape::block_q;
+  a.scale = scale;
+  a.softcap = softcap;
+  a.mask = mask;
+  const long league = static_cast<long>(q.extent(0)) * a.heads_q * a.n_qblocks;
+  if (league > 2147483647L) fail("kfa::attention_forward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+  native_launch(space, "kfa::attention_forward[tensor_core_fa2]", &tc_fa2_forward_kernel<D, Softcap, T, OutT>, league,
+                dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
+}
+
+template <class QV, class KV, class VV, class OV, class LV>
+void fa2_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                        float scale, float softcap, const KeyMask& mask) {
+  const bool cap = softcap > 0.f;
+  if (q.extent(3) == 64 && cap)
+    fa2_forward_launch_d<64, true>(space, q, k, v, o, lse, scale, softcap, mask);
+  else if (q.extent(3) == 64)
+    fa2_forward_launch_d<64, false>(space, q, k, v, o, lse, scale, softcap, mask);
+  else if (cap)
+    fa2_forward_launch_d<128, true>(space, q, k, v, o, lse, scale, softcap, mask);
+  else
+    fa2_forward_launch_d<128, false>(space, q, k, v, o, lse, scale, softcap, mask);
+}
+#endif
+
+}  // namespace detail
+}  // namespace kfa
