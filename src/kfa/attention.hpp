@@ -253,7 +253,7 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   const bool tc = use_tensor_cores(fn, opts.path, why_not);
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
   BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max) : backward_tile_config(space, q, k, opts);
-  if (tc) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // the dK/dV kernel is launched natively
+  if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
   if (!tc && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),

@@ -7,11 +7,11 @@
 ///     dPᵀ = V·dOᵀ), Q and dO tiles (with their lse and D) streamed through two stages of shared
 ///     memory with cp.async; Pᵀ and dSᵀ go from the C layout straight into A fragments of dV += Pᵀ·dO and
 ///     dK += dSᵀ·Q; dK and dV stay in fp32 registers over every query head of the group and every visible
-///     query tile. Its two stages do not fit Kokkos' 40 KB team scratch: it is launched natively
-///     (tc_native.hpp) on the caller's stream.
+///     query tile. At d = 128 its two stages do not fit Kokkos' 40 KB team scratch: launched natively
+///     (tc_native.hpp) on the caller's stream; at d = 64 (one stage) a Kokkos team kernel.
 ///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed through
 ///     two stages of level-0 scratch; S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
-/// Both double-buffer: the loads of tile t+1 are in flight while tile t is multiplied.
+/// Double-buffered (dK/dV at d = 128, dQ): the loads of tile t+1 are in flight while tile t is multiplied.
 #include <kfa/detail/backward_kernel.hpp>  // recompute_lse
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
@@ -23,19 +23,35 @@ namespace kfa {
 namespace detail {
 
 /// Tile shapes of the tensor-core backward per head dim: the owned block is 16 rows per warp, the
-/// streamed block is what fits beside it in 40 KB of level-0 scratch with registers below 255 per thread.
+/// streamed block keeps registers below 255 per thread (and, for dQ, two stages within Kokkos' 40 KB of
+/// level-0 scratch). Build-time knobs for tuning experiments; perf/RESULTS.md records what each measured.
+#ifndef KFA_TC_DKDV_WARPS
+#define KFA_TC_DKDV_WARPS 4
+#endif
+#ifndef KFA_TC_DKDV_D64_STAGES
+#define KFA_TC_DKDV_D64_STAGES 1
+#endif
+#ifndef KFA_TC_DKDV_D64_BLOCK_Q
+#define KFA_TC_DKDV_D64_BLOCK_Q 64
+#endif
+#ifndef KFA_TC_DQ_D64_BLOCK_K
+#define KFA_TC_DQ_D64_BLOCK_K 64
+#endif
 template <int D>
 struct TcBackwardShape {
-  static constexpr int warps = 4;
+  static constexpr int warps = 4;                            // dQ
+  static constexpr int dkdv_warps = KFA_TC_DKDV_WARPS;
   static constexpr int pitch = D + 8;
-  static constexpr int dkdv_block_k = 16 * warps;            // owned keys
-  static constexpr int dkdv_block_q = D > 64 ? 32 : 64;      // streamed query rows
+  static constexpr int dkdv_block_k = 16 * dkdv_warps;       // owned keys
+  static constexpr int dkdv_block_q = D > 64 ? 32 : KFA_TC_DKDV_D64_BLOCK_Q;  // streamed query rows
   static constexpr int dq_block_q = 16 * warps;              // owned query rows
-  static constexpr int dq_block_k = D > 64 ? 32 : 64;        // streamed keys
-  // dK/dV: V[bk] and K[bk], then two stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
-  // (fp32)
+  static constexpr int dq_block_k = D > 64 ? 32 : KFA_TC_DQ_D64_BLOCK_K;  // streamed keys
+  // dK/dV: V[bk] and K[bk], then stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
+  // (fp32). Two stages at d = 128 (measured 6% faster than one on the H200); one at d = 64, where the
+  // two-stage loop measured 33% slower (ncu: warps stalled on instruction fetch).
+  static constexpr int dkdv_stages = D > 64 ? 2 : KFA_TC_DKDV_D64_STAGES;
   static constexpr std::size_t dkdv_stage = 2u * dkdv_block_q * pitch * 2 + 2u * dkdv_block_q * 4;
-  static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + 2u * dkdv_stage;
+  static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + dkdv_stages * dkdv_stage;
   // dQ: two stages of K[bk] + V[bk]
   static constexpr std::size_t dq_stage = 2u * dq_block_k * pitch * 2;
   static constexpr std::size_t dq_scratch = 2u * dq_stage;
@@ -64,8 +80,8 @@ template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV
 struct TcDkDvKernel {
   using T = typename QV::non_const_value_type;
   using Shape = TcBackwardShape<D>;
-  static constexpr int WARPS = Shape::warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
-  static constexpr int MIN_BLOCKS = 2;  // launch bounds of the native launch
+  static constexpr int WARPS = Shape::dkdv_warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
+  static constexpr int MIN_BLOCKS = 8 / WARPS;  // launch bounds of the native launch: 8 warps per SM
 
   QV q;
   KV k;
@@ -86,7 +102,15 @@ struct TcDkDvKernel {
         group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
         softcap(softcap_), mask(mask_) {}
 
-  /// The body of block `lr` (native_team_kernel), with Shape::dkdv_scratch bytes of shared memory at smem.
+  using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, MIN_BLOCKS>>;
+  using member_type = typename policy_type::member_type;
+  /// The Kokkos launch, where dkdv_scratch fits the team scratch (see tc_backward_launch_d).
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    run(team.league_rank(),
+        static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dkdv_scratch))));
+  }
+  /// The body of block `lr` (native_team_kernel or operator()), with Shape::dkdv_scratch bytes of shared
+  /// memory at smem.
   KOKKOS_FUNCTION void run(int lr, char* smem) const {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
@@ -111,8 +135,24 @@ struct TcDkDvKernel {
       const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
       return static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
     };
-    // Step `step` into stage st: Q and dO with cp.async, lse and D with plain stores (seen after the
-    // barrier that starts the step).
+    // Step `step` into stage st: Q and dO with cp.async; lse and D of its rows through registers, loaded
+    // when the step is issued and stored into the stage only after the current step's products (so their
+    // latency hides behind them; seen after the barrier that starts the step).
+    static_assert(BQ <= 32 * WARPS, "one lse/D row per thread");
+    struct RowPair {
+      float lse, dd;
+    };
+    auto load_rows = [&](int step) {
+      const int hq = hk * group + step / n_qt;
+      const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
+      const bool in = tid < tile_rows(step);
+      return RowPair{in ? recompute_lse(static_cast<float>(lse(b, hq, i + tid))) : compat::infinity<float>(),
+                     in ? static_cast<float>(dd(b, hq, i + tid)) : 0.f};
+    };
+    auto store_rows = [&](const RowPair& p, int st) {
+      float* lse_s = reinterpret_cast<float*>(stage_at(st) + 2 * BQ * P * 2);
+      if (tid < BQ) lse_s[tid] = p.lse, lse_s[BQ + tid] = p.dd;
+    };
     auto issue = [&](int step, int st) {
       const int hq = hk * group + step / n_qt;
       const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
@@ -125,12 +165,6 @@ struct TcDkDvKernel {
       tc::load_tile_async<D>(dos, reinterpret_cast<const std::uint16_t*>(d_o.data() + b * d_o.stride(0) +
                                                                           i * dostride + hq * d_o.stride(2)),
                              dostride, BQ, rows, tid, 32 * WARPS);
-      float* lse_s = reinterpret_cast<float*>(sp + 2 * BQ * P * 2);
-      float* dd_s = lse_s + BQ;
-      for (int r = tid; r < BQ; r += 32 * WARPS) {
-        lse_s[r] = r < rows ? recompute_lse(static_cast<float>(lse(b, hq, i + r))) : compat::infinity<float>();
-        dd_s[r] = r < rows ? static_cast<float>(dd(b, hq, i + r)) : 0.f;
-      }
     };
     if (steps > 0) {
       tc::load_tile_async<D>(vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) +
@@ -140,6 +174,7 @@ struct TcDkDvKernel {
                                                                          hk * k.stride(2)),
                              static_cast<long>(k.stride(1)), BK, keys, tid, 32 * WARPS);
       issue(0, 0);
+      store_rows(load_rows(0), 0);
     }
     tc::cp_async_commit();
 
@@ -158,11 +193,21 @@ struct TcDkDvKernel {
     for (int step = 0; step < steps; ++step) {
       const long i0 = qb0 + static_cast<long>(step % n_qt) * BQ;
       const int rows = tile_rows(step);
-      const int st = step & 1;
-      if (step + 1 < steps) issue(step + 1, st ^ 1);
-      tc::cp_async_commit();
-      tc::cp_async_wait_1();  // all but the group just issued
-      __syncthreads();        // this step's Q, dO (and V) tiles, lse and D are in
+      constexpr bool two = Shape::dkdv_stages == 2;
+      const int st = two ? step & 1 : 0;
+      const bool next = step + 1 < steps;
+      RowPair next_rows{0.f, 0.f};
+      if (two) {
+        if (next) {
+          issue(step + 1, st ^ 1);
+          next_rows = load_rows(step + 1);
+        }
+        tc::cp_async_commit();
+        tc::cp_async_wait_1();  // all but the group just issued
+      } else {
+        tc::cp_async_wait_all();
+      }
+      __syncthreads();  // this step's Q, dO (and V) tiles, lse and D are in
       char* sp = stage_at(st);
       const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
       const float* lse_s = reinterpret_cast<const float*>(sp + 2 * BQ * P * 2);
@@ -240,7 +285,13 @@ struct TcDkDvKernel {
           tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
         }
       }
-      __syncthreads();  // every warp is done with this stage before step + 2 refills it
+      if (two && next) store_rows(next_rows, st ^ 1);
+      __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's lse, D are in
+      if (!two && next) {
+        issue(step + 1, 0);
+        tc::cp_async_commit();
+        store_rows(load_rows(step + 1), 0);  // seen after the barrier that starts step + 1
+      }
     }
     tc::cp_async_wait_all();
 
