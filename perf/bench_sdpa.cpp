@@ -6,7 +6,7 @@
 // float64 done in Python.
 //
 //   kfa_bench_sdpa --out DIR [--dtypes bf16,fp16,fp32] [--d 64,128] [--n 512,...,16384] [--causal 0,1]
-//                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core]
+//                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32]
 //                  [--no-backward] [--seed S]
 //
 // Prints one line per case: dtype d N causal batch heads path fwd_ms fwd_TFLOPs fwdbwd_ms fwdbwd_TFLOPs.
@@ -19,6 +19,9 @@
 using namespace kfa_bench;
 
 namespace {
+const kfa::TileProductPath all_paths[] = {kfa::TileProductPath::automatic,        kfa::TileProductPath::portable,
+                                           kfa::TileProductPath::tensor_core,      kfa::TileProductPath::tensor_core_team,
+                                           kfa::TileProductPath::tensor_core_fa2, kfa::TileProductPath::simt_fp32};
 
 // The counter hash shared with sdpa_compare.py: element i of tensor `seed` → uniform on [−√3, √3).
 KOKKOS_INLINE_FUNCTION float hash_value(std::uint64_t i, std::uint64_t seed) {
@@ -86,9 +89,8 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
         fill_hash(q, s0 + 1), fill_hash(k, s0 + 2), fill_hash(v, s0 + 3), fill_hash(d_o, s0 + 4);
         kfa::AttentionOptions opts;
         opts.causal = causal != 0;
-        opts.path = a.path == "portable" ? kfa::TileProductPath::portable
-                    : a.path == "tensor_core" ? kfa::TileProductPath::tensor_core
-                                              : kfa::TileProductPath::automatic;
+        for (kfa::TileProductPath p : all_paths)
+          if (kfa::to_string(p) == a.path) opts.path = p;
         const double fwd_flops = 4.0 * batch * heads * double(n) * n * d * (causal ? 0.5 : 1.0);
         // poison, run once (warm-up and the outputs checked), then time
         Kokkos::deep_copy(o, static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
@@ -138,7 +140,9 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", a.hidden, "heads x d of every case")->check(positive_int())->capture_default_str();
   app.add_option("--reps", a.reps, "timed repetitions (median; fewer for slow cases, at least 3)")->check(positive_int())
       ->capture_default_str();
-  app.add_option("--path", a.path, "tile products")->check(CLI::IsMember({"automatic", "portable", "tensor_core"}))
+  std::vector<std::string> path_names;
+  for (kfa::TileProductPath p : all_paths) path_names.push_back(kfa::to_string(p));
+  app.add_option("--path", a.path, "kernel family (kfa::TileProductPath)")->check(CLI::IsMember(path_names))
       ->capture_default_str();
   bool no_backward = false;
   app.add_flag("--no-backward", no_backward, "forward only");

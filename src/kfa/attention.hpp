@@ -109,82 +109,125 @@ TileConfig forward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
                                              static_cast<long>(q.extent(0) * q.extent(2)), opts);
 }
 
+/// What a forward call runs: the kernel family (never automatic or tensor_core: what they resolved to),
+/// its tiles and the name of the Kokkos profiling region it runs in.
+struct ForwardPlan {
+  TileProductPath family;
+  TileConfig tiles;
+  std::string region;
+};
+
 namespace detail {
+/// The one place the forward's family is chosen: each family says why it cannot run these inputs ("" when
+/// it can); opts.path picks among those that can, in the order fa2, team, simt, portable.
+template <class ExecSpace, class QV, class KV, class VV, class OV>
+ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                         const AttentionOptions& opts) {
+  using T = typename QV::non_const_value_type;
+  using P = TileProductPath;
+  const int d = static_cast<int>(q.extent(3));
+  std::string tc_why = tc_space_problem<ExecSpace, T>(space, d);
+  tc_add_view_problem(tc_why, "q", q);
+  tc_add_view_problem(tc_why, "k", k);
+  tc_add_view_problem(tc_why, "v", v);
+  tc_add_view_problem(tc_why, "o", o);
+  const std::string fa2_why = tc_why.empty() ? fa2_forward_why_not(space, d, opts) : tc_why;
+  const std::string team_why =
+      tc_why.empty() ? tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward") : tc_why;
+  const std::string simt_why = simt_forward_why_not<ExecSpace>(q, k, v, o, opts);
+  auto need = [&](P family, const std::string& why) {
+    if (!why.empty()) fail(fn, ": opts.path = ", to_string(family), " but ", why);
+    return family;
+  };
+  P family = P::portable;
+  switch (opts.path) {
+    case P::portable: family = P::portable; break;
+    case P::tensor_core_fa2: family = need(P::tensor_core_fa2, fa2_why); break;
+    case P::tensor_core_team: family = need(P::tensor_core_team, team_why); break;
+    case P::simt_fp32: family = need(P::simt_fp32, simt_why); break;
+    case P::tensor_core:
+      family = fa2_why.empty() ? P::tensor_core_fa2 : team_why.empty() ? P::tensor_core_team : need(P::tensor_core, team_why);
+      break;
+    case P::automatic:
+      family = fa2_why.empty()    ? P::tensor_core_fa2
+               : team_why.empty() ? P::tensor_core_team
+               : simt_why.empty() ? P::simt_fp32
+                                  : P::portable;
+      break;
+  }
+  const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
+  TileConfig tiles;
+  switch (family) {
+    case P::tensor_core_fa2:
+      tiles = d == 64 ? fa2_forward_tiles<64>(native_smem_max(space)) : fa2_forward_tiles<128>(native_smem_max(space));
+      break;
+    case P::tensor_core_team: tiles = tc_forward_tiles(d, l0_max); break;
+    case P::simt_fp32: tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max); break;
+    default: {
+      tiles = forward_tile_config(space, q, k, opts);
+      const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+      if (opts.block_q > 0 && tiles.scratch_l1 > l1_max)
+        fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1,
+             " B of level-1 scratch, more than the backend's ", l1_max);
+    }
+  }
+  return {family, tiles,
+          std::string(fn) + "[" + to_string(family) + "," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
+              to_string(tiles) + "]"};
+}
+
 /// attention_forward after its checks, for a block at `pos` of a longer sequence (the ring layer's entry).
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                   const LV& lse, const AttentionOptions& opts, const Positions& pos) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
-  const int d = static_cast<int>(q.extent(3));
-  std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
-  tc_add_view_problem(why_not, "q", q);
-  tc_add_view_problem(why_not, "k", k);
-  tc_add_view_problem(why_not, "v", v);
-  tc_add_view_problem(why_not, "o", o);
-  // Two tensor-core forwards: the FA2-layout kernel (native launch, Q in shared memory beyond Kokkos'
-  // team-scratch cap) where the device gives it its shared memory, else the Kokkos team kernel.
-  bool fa2 = false;
-  if (why_not.empty()) {
-    fa2 = fa2_forward_why_not(space, d, opts).empty();
-    if (!fa2) why_not = tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward");
-  }
-  const bool tc = use_tensor_cores(fn, opts.path, why_not);
+  using P = TileProductPath;
+  const ForwardPlan plan = forward_plan(fn, space, q, k, v, o, opts);
+  compat::ScopedRegion region(plan.region);
+  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
   const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
                      opts.window_left, opts.window_right);
   const double scale = resolved_scale<T>(opts, q.extent(3));
-  if (tc && fa2) {
+  const float scale32 = static_cast<float>(scale), softcap32 = static_cast<float>(opts.softcap);
+  switch (plan.family) {
+    case P::tensor_core_fa2:
 #if KFA_HAS_TENSOR_CORES
-    if constexpr (has_tensor_core_path<ExecSpace, T>::value) {
-      const std::size_t smem_max = space.cuda_device_prop().sharedMemPerBlockOptin;
-      const TileConfig tiles = d == 64 ? fa2_forward_tiles<64>(smem_max) : fa2_forward_tiles<128>(smem_max);
-      compat::ScopedRegion region(std::string(fn) + "[tensor_core_fa2," + dtype_name<T>() + ",d" + std::to_string(d) +
-                                  "," + to_string(tiles) + "]");
-      if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
-      fa2_forward_launch(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
-    }
+      if constexpr (has_tensor_core_path<ExecSpace, T>::value) fa2_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
 #endif
-    return;
+      return;
+    case P::tensor_core_team:
+      if constexpr (has_tensor_core_path<ExecSpace, T>::value) tc_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
+      return;
+    case P::simt_fp32:
+      if (q.extent(3) == 64)
+        simt_forward_launch_d<64>(space, q, k, v, o, lse, scale32, softcap32, mask);
+      else
+        simt_forward_launch_d<128>(space, q, k, v, o, lse, scale32, softcap32, mask);
+      return;
+    default: break;
   }
-  if (tc) {
-    const TileConfig tiles = tc_forward_tiles(d, static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>()));
-    compat::ScopedRegion region(std::string(fn) + "[tensor_core," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
-                                to_string(tiles) + "]");
-    if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
-    if constexpr (has_tensor_core_path<ExecSpace, T>::value)
-      tc_forward_launch(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
-    return;
-  }
-  if (simt_forward_eligible<ExecSpace>(q, k, v, o, opts)) {
-    const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-    const TileConfig tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max);
-    compat::ScopedRegion region(std::string(fn) + "[simt_fp32," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
-                                to_string(tiles) + "]");
-    if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
-    if (d == 64)
-      simt_forward_launch_d<64>(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
-    else
-      simt_forward_launch_d<128>(space, q, k, v, o, lse, static_cast<float>(scale), static_cast<float>(opts.softcap), mask);
-    return;
-  }
-  const TileConfig tiles = forward_tile_config(space, q, k, opts);
-  if (opts.block_q > 0 && tiles.scratch_l1 > static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1)))
-    fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1, " B of level-1 scratch, more than the backend's ",
-         Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  compat::ScopedRegion region(std::string(fn) + "[portable," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
-                              to_string(tiles) + "]");
-  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
-
   using Kernel = ForwardKernel<ExecSpace, QV, KV, VV, OV, LV>;
-  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(scale),
-                      static_cast<Acc>(opts.softcap), mask, tiles);
+  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(scale), static_cast<Acc>(opts.softcap), mask, plan.tiles);
   const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
   if (league > 2147483647L) fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
-  Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), tiles.team_size);
-  policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
+  Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), plan.tiles.team_size);
+  policy.set_scratch_size(0, Kokkos::PerTeam(plan.tiles.scratch_l0))
+      .set_scratch_size(1, Kokkos::PerTeam(plan.tiles.scratch_l1));
   Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
 }
 }  // namespace detail
+
+/// Which kernel family attention_forward(space, q, k, v, o, lse, opts) runs, with its tiles and profiling
+/// region; throws the kfa::Error the call would throw when opts.path names a family that cannot run.
+template <class ExecSpace, class QV, class KV, class VV, class OV>
+ForwardPlan plan_forward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                         const AttentionOptions& opts = {}) {
+  constexpr const char* fn = "kfa::attention_forward";
+  detail::check_qkv_and_options(fn, q, k, v, opts);
+  detail::check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  return detail::forward_plan(fn, space, q, k, v, o, opts);
+}
 
 /// Exact attention forward. q [batch, seq_q, heads_q, d]; k, v [batch, seq_k, heads_kv, d];
 /// o [batch, seq_q, heads_q, d] (output); lse [batch, heads_q, seq_q] (output, natural-log log-sum-exp of
@@ -211,6 +254,14 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, con
                                               static_cast<long>(k.extent(0) * k.extent(2)), opts);
 }
 
+/// What a backward call runs: tensor_core or portable, its tiles (dK/dV and dQ kernels) and the name of its
+/// Kokkos profiling region.
+struct BackwardPlan {
+  TileProductPath family;
+  BackwardTileConfig tiles;
+  std::string region;
+};
+
 namespace detail {
 /// D[b, h, i] = Σ_c dO ∘ O over the rows of o, in the accumulation type (the backward's row term).
 template <class ExecSpace, class OV, class DOV>
@@ -226,14 +277,14 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
   return dd;
 }
 
-/// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
-/// computes D once for a rank's whole shard instead of once per block.
-template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
-void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
-                     const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
-                     const AttentionOptions& opts, const Positions& pos) {
+/// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
+/// serves every tensor-core forward family), else portable (also for simt_fp32: the float backward has
+/// only the portable family).
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
+BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
+                           const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
   using T = typename QV::non_const_value_type;
-  using Acc = accumulator_t<T>;
+  using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
   if (why_not.empty()) why_not = tc_backward_problem(space, d);
@@ -250,16 +301,43 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   tc_add_view_problem(why_not, "dq", dq);
   tc_add_view_problem(why_not, "dk", dk);
   tc_add_view_problem(why_not, "dv", dv);
-  const bool tc = use_tensor_cores(fn, opts.path, why_not);
+  bool tc = false;
+  switch (opts.path) {
+    case P::portable:
+    case P::simt_fp32: tc = false; break;
+    case P::tensor_core:
+    case P::tensor_core_team:
+    case P::tensor_core_fa2:
+      if (!why_not.empty()) fail(fn, ": opts.path = ", to_string(opts.path), " but ", why_not);
+      tc = true;
+      break;
+    case P::automatic: tc = why_not.empty(); break;
+  }
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
   BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max) : backward_tile_config(space, q, k, opts);
   if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
   if (!tc && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
-                 " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
-  compat::ScopedRegion region(std::string(fn) + (tc ? "[tensor_core," : "[portable,") + dtype_name<T>() + ",d" +
-                              std::to_string(d) + "," + to_string(tiles) + "]");
+         " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
+  const P family = tc ? P::tensor_core : P::portable;
+  return {family, tiles,
+          std::string(fn) + "[" + to_string(family) + "," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
+              to_string(tiles) + "]"};
+}
+
+/// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
+/// computes D once for a rank's whole shard instead of once per block.
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
+void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+                     const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
+                     const AttentionOptions& opts, const Positions& pos) {
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  const BackwardPlan plan = backward_plan(fn, space, q, k, v, d_o, dq, dk, dv, opts);
+  const BackwardTileConfig& tiles = plan.tiles;
+  const bool tc = plan.family == TileProductPath::tensor_core;
+  compat::ScopedRegion region(plan.region);
   const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
   const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
   if (batch == 0) return;
@@ -309,6 +387,20 @@ void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV
 }
 
 }  // namespace detail
+
+/// Which kernel family attention_backward(space, q, k, v, o, d_o, lse, dq, dk, dv, opts) runs, with its
+/// tiles and profiling region; throws the kfa::Error the call would throw when opts.path cannot be honoured.
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
+BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+                           const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts = {}) {
+  constexpr const char* fn = "kfa::attention_backward";
+  detail::check_qkv_and_options(fn, q, k, v, opts);
+  detail::check_extents(fn, "d_o", d_o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  detail::check_extents(fn, "dq", dq, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  detail::check_extents(fn, "dk", dk, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
+  detail::check_extents(fn, "dv", dv, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
+  return detail::backward_plan(fn, space, q, k, v, d_o, dq, dk, dv, opts);
+}
 
 /// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv
 /// [batch, seq_k, heads_kv, d] (outputs, overwritten) from q, k, v, the forward's o and lse, and d_o

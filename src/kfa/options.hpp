@@ -3,13 +3,22 @@
 
 namespace kfa {
 
-/// Which implementation of the tile products to use.
+/// Which kernel family computes the tile products. `automatic` and `tensor_core` choose; the others name
+/// one family, and asking for one that cannot run these inputs is a kfa::Error saying why.
+/// kfa::plan_forward / kfa::plan_backward (attention.hpp) say which family a call will run, its tiles and
+/// its profiling region.
 enum class TileProductPath {
-  automatic,    ///< tensor cores where they can run these inputs (see has_tensor_core_path), the CUDA fp32
-                ///< forward for float on CUDA (head dim 64/128), else portable
+  automatic,    ///< the fastest family that can run these inputs: tensor_core_fa2, tensor_core_team,
+                ///< simt_fp32, portable (in that order; the backward: tensor_core, portable)
   portable,     ///< team/vector loops that every backend runs (the reference path)
-  tensor_core,  ///< mma.sync tile products on CUDA sm_80+ for half/bfloat16, head dim 64 or 128, unit
-                ///< head-dim stride and 16-byte-aligned rows; asking for it elsewhere is a kfa::Error
+  tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_fa2, else tensor_core_team): CUDA
+                ///< sm_80+, half/bfloat16, head dim 64 or 128, unit head-dim stride and 16-byte-aligned rows
+  tensor_core_team,  ///< forward: the Kokkos team kernel on tensor cores (16 rows per warp, 40 KB of team
+                     ///< scratch); the backward runs the tensor-core backward
+  tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
+                     ///< natively with opt-in shared memory; the backward runs the tensor-core backward
+  simt_fp32,    ///< forward: the CUDA fp32 kernel (float, head dim 64/128, no block override); the float
+                ///< backward has only the portable family, which it runs
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.
@@ -33,12 +42,15 @@ struct AttentionOptions {
   TileProductPath path = TileProductPath::automatic;
 };
 
-/// Name of a tile-product path as it appears in profiling regions.
+/// Name of a tile-product path as it appears in profiling regions and in opts.path's messages.
 inline std::string to_string(TileProductPath p) {
   switch (p) {
     case TileProductPath::automatic: return "automatic";
     case TileProductPath::portable: return "portable";
     case TileProductPath::tensor_core: return "tensor_core";
+    case TileProductPath::tensor_core_team: return "tensor_core_team";
+    case TileProductPath::tensor_core_fa2: return "tensor_core_fa2";
+    case TileProductPath::simt_fp32: return "simt_fp32";
   }
   return "unknown";
 }

@@ -9,8 +9,9 @@
 /// older GPUs, and builds where Kokkos has no separate half/bfloat16 type. It is only the compile-time side:
 /// at run time the device's compute capability (8.0 or newer), the head dim (64 or 128), a unit head-dim
 /// stride and 16-byte-aligned rows are checked too; `automatic` then falls back to another path and an
-/// explicit TileProductPath::tensor_core is a kfa::Error. The profiling region's name says what ran, e.g.
-/// `kfa::attention_forward[tensor_core,bfloat16,d128,bq64,bk64]`.
+/// explicit TileProductPath::tensor_core is a kfa::Error. kfa::plan_forward / plan_backward say which
+/// family a call runs; its profiling region's name says it too, e.g.
+/// `kfa::attention_forward[tensor_core_fa2,bfloat16,d128,bq128,bk64]`.
 ///
 /// KFA_HAS_TENSOR_CORES is 1 when this build compiles the tensor-core kernels at all (some
 /// has_tensor_core_path<Kokkos::Cuda, T> holds), else 0.

@@ -42,6 +42,8 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const kfa::AttentionOptions opts = to_kfa(ro);
   const Run<T> tc = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
   const Run<T> pt = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
+  // The Kokkos team forward, which tensor_core passes over where the FA2-layout kernel can run.
+  const Run<T> team = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_team);
   std::vector<double> oref, lref, dqr, dkr, dvr;
   reference_forward64(s, ro, qh, kh, vh, oref, lref);
   reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
@@ -55,6 +57,9 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     EXPECT_TRUE(close_frobenius(to_doubles4(r->dk), dkr, tol)) << name << " dk";
     EXPECT_TRUE(close_frobenius(to_doubles4(r->dv), dvr, tol)) << name << " dv";
   }
+  EXPECT_TRUE(close_frobenius(to_doubles4(team.o), oref, tol)) << "tensor_core_team o";
+  EXPECT_TRUE(close_lse(to_doubles3(team.lse), lref, tolerance<float>() * 10)) << "tensor_core_team lse";
+  EXPECT_TRUE(close_frobenius(to_doubles4(team.o), to_doubles4(pt.o), tol)) << "o: tensor_core_team vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.o), to_doubles4(pt.o), tol)) << "o: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dq), to_doubles4(pt.dq), tol)) << "dq: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core vs portable";
@@ -167,4 +172,64 @@ TEST(Paths, NamesOfPaths) {
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::automatic), "automatic");
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::portable), "portable");
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core), "tensor_core");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_team), "tensor_core_team");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_fa2), "tensor_core_fa2");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::simt_fp32), "simt_fp32");
+}
+
+// plan_forward / plan_backward: the family a call runs, named in its region; a named family that cannot run
+// is the same error the call throws.
+TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
+  using T = TypeParam;
+  using P = kfa::TileProductPath;
+  const int d = 128;
+  Tensor<T> q("q", 1, 300, 2, d), k("k", 1, 300, 2, d), v("v", 1, 300, 2, d), o("o", 1, 300, 2, d);
+  Tensor<T> d_o("do", 1, 300, 2, d), dq("dq", 1, 300, 2, d), dk("dk", 1, 300, 2, d), dv("dv", 1, 300, 2, d);
+  kfa::AttentionOptions opts;
+  const kfa::ForwardPlan f = kfa::plan_forward(Exec(), q, k, v, o, opts);
+  const kfa::BackwardPlan b = kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
+  EXPECT_EQ(f.region.rfind("kfa::attention_forward[" + kfa::to_string(f.family) + "," + kfa::dtype_name<T>() + ",d128,", 0),
+            0u) << f.region;
+  EXPECT_EQ(b.region.rfind("kfa::attention_backward[" + kfa::to_string(b.family) + ",", 0), 0u) << b.region;
+  EXPECT_NE(f.family, P::automatic);
+  EXPECT_NE(f.family, P::tensor_core);
+  if (kfa::has_tensor_core_path<Exec, T>::value) {
+    // FA2's layout where the device gives it its shared memory (every sm_80+ GPU but sm_86/89), else the team kernel
+    EXPECT_TRUE(f.family == P::tensor_core_fa2 || f.family == P::tensor_core_team) << f.region;
+    EXPECT_EQ(b.family, P::tensor_core);
+    opts.path = P::tensor_core_team;
+    EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::tensor_core_team);
+    kfa::AttentionOptions blocks;  // the team kernel's tiles, which FA2's layout cannot honour
+    blocks.block_q = 64;
+    blocks.block_k = 64;
+    EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, blocks).family, P::tensor_core_team);
+  } else {
+    const bool simt = f.family == P::simt_fp32;  // float on CUDA
+    EXPECT_TRUE(f.family == P::portable || simt) << f.region;
+    EXPECT_EQ(b.family, P::portable);
+    for (P p : {P::tensor_core, P::tensor_core_team, P::tensor_core_fa2}) {
+      opts.path = p;
+      try {
+        (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
+        ADD_FAILURE() << kfa::to_string(p) << " planned where it cannot run";
+      } catch (const kfa::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("opts.path = " + kfa::to_string(p) + " but "), std::string::npos) << e.what();
+      }
+    }
+  }
+  opts.path = P::simt_fp32;
+  if (std::is_same<T, float>::value && f.family == P::simt_fp32) {
+    EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::simt_fp32);
+  } else {
+    try {
+      (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
+      ADD_FAILURE() << "simt_fp32 planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("opts.path = simt_fp32 but "), std::string::npos) << e.what();
+    }
+  }
+  // simt_fp32 has no backward: the backward runs the portable family (never an error)
+  EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::portable);
+  opts.path = P::portable;
+  EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::portable);
 }

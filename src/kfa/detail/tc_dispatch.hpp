@@ -70,18 +70,6 @@ std::string tc_backward_problem(const ExecSpace& space, int d) {
   return "";
 }
 
-/// opts.path resolved: true to run on tensor cores. `why_not` is "" when they can run; asking for
-/// tensor_core when they cannot is an error naming the reason.
-inline bool use_tensor_cores(const char* fn, TileProductPath path, const std::string& why_not) {
-  switch (path) {
-    case TileProductPath::portable: return false;
-    case TileProductPath::tensor_core:
-      if (!why_not.empty()) fail(fn, ": opts.path = tensor_core but ", why_not);
-      return true;
-    case TileProductPath::automatic: break;
-  }
-  return why_not.empty();
-}
 
 template <int D>
 TileConfig tc_forward_tiles(std::size_t l0_max) {
@@ -112,16 +100,10 @@ BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
   return t;
 }
 
-// Build-time switch for measuring the two tensor-core forwards against each other (perf/RESULTS.md):
-// 0 keeps the Kokkos team kernel even where the FA2-layout kernel could run.
-#ifndef KFA_TC_FWD_FA2
-#define KFA_TC_FWD_FA2 1
-#endif
-
-/// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can).
+/// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can), given
+/// that the tensor-core kernels can (tc_space_problem and the views' problems are "").
 template <class ExecSpace>
 std::string fa2_forward_why_not(const ExecSpace& space, int d, const AttentionOptions& opts) {
-  if (!KFA_TC_FWD_FA2) return "it is disabled in this build (KFA_TC_FWD_FA2=0)";
   const std::string why = fa2_forward_problem(space, d);
   if (!why.empty()) return why;
   return d == 64 ? tc_block_problem(opts, Fa2ForwardShape<64>::block_q, Fa2ForwardShape<64>::block_k, "forward")
@@ -147,22 +129,30 @@ inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max) {
   return head_dim == 64 ? tc_backward_tiles<64>(l0_max) : tc_backward_tiles<128>(l0_max);
 }
 
-/// True where `automatic` runs the CUDA-tuned fp32 forward (simt_forward.hpp): float on Kokkos::Cuda,
-/// head dim 64 or 128, rows as the tensor-core kernels need them, no block-size override.
+/// Why the CUDA fp32 forward (simt_forward.hpp) cannot run these inputs ("" when it can): it needs float
+/// on Kokkos::Cuda, head dim 64 or 128, rows as the tensor-core kernels need them, no block-size override.
 template <class ExecSpace, class QV, class KV, class VV, class OV>
-bool simt_forward_eligible(const QV& q, const KV& k, const VV& v, const OV& o, const AttentionOptions& opts) {
+std::string simt_forward_why_not(const QV& q, const KV& k, const VV& v, const OV& o, const AttentionOptions& opts) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
                 std::is_same<typename QV::non_const_value_type, float>::value &&
                 std::is_same<typename OV::non_const_value_type, float>::value) {
     const int d = static_cast<int>(q.extent(3));
-    if (opts.path != TileProductPath::automatic || opts.block_q > 0 || opts.block_k > 0) return false;
-    if (d != 64 && d != 128) return false;
-    return !tc_view_problem(q) && !tc_view_problem(k) && !tc_view_problem(v) && !tc_view_problem(o);
+    if (opts.block_q > 0 || opts.block_k > 0)
+      return "a block-size override (opts.block_q = " + std::to_string(opts.block_q) +
+             ", opts.block_k = " + std::to_string(opts.block_k) + "; the fp32 kernel has fixed tiles)";
+    if (d != 64 && d != 128) return "head_dim = " + std::to_string(d) + " (the fp32 kernel exists for 64 and 128)";
+    std::string why;
+    tc_add_view_problem(why, "q", q);
+    tc_add_view_problem(why, "k", k);
+    tc_add_view_problem(why, "v", v);
+    tc_add_view_problem(why, "o", o);
+    return why;
   }
 #endif
   (void)q, (void)k, (void)v, (void)o, (void)opts;
-  return false;
+  return std::string("there is no CUDA fp32 kernel for ") + dtype_name<typename QV::non_const_value_type>() + " on " +
+         ExecSpace::name() + " (it needs Kokkos::Cuda and float elements)";
 }
 
 template <int D>
