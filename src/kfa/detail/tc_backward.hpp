@@ -47,8 +47,9 @@ struct TcBackwardShape {
   static constexpr int dq_block_q = 16 * warps;              // owned query rows
   static constexpr int dq_block_k = D > 64 ? 32 : KFA_TC_DQ_D64_BLOCK_K;  // streamed keys
   // dK/dV: V[bk] and K[bk], then stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
-  // (fp32). Two stages at d = 128 (measured 6% faster than one on the H200); one at d = 64, where the
-  // two-stage loop measured 33% slower (ncu: warps stalled on instruction fetch).
+  // (fp32). Two stages at d = 128 (70 KB, launched natively: 6% faster than the single-stage Kokkos kernel
+  // before it on the H200); one at d = 64, so that it fits Kokkos' team scratch (37 KB): launched natively,
+  // this body ran 50% slower than under Kokkos, with one stage or two (perf/RESULTS.md).
   static constexpr int dkdv_stages = D > 64 ? 2 : KFA_TC_DKDV_D64_STAGES;
   static constexpr std::size_t dkdv_stage = 2u * dkdv_block_q * pitch * 2 + 2u * dkdv_block_q * 4;
   static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + dkdv_stages * dkdv_stage;
@@ -81,7 +82,7 @@ struct TcDkDvKernel {
   using T = typename QV::non_const_value_type;
   using Shape = TcBackwardShape<D>;
   static constexpr int WARPS = Shape::dkdv_warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
-  static constexpr int MIN_BLOCKS = 8 / WARPS;  // launch bounds of the native launch: 8 warps per SM
+  static constexpr int MIN_BLOCKS = 8 / WARPS;  // launch bounds (either launch): 8 warps per SM
 
   QV q;
   KV k;

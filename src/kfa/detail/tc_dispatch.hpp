@@ -58,8 +58,8 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
   return "";
 }
 
-/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): its dK/dV kernel
-/// takes more shared memory per block than Kokkos' team scratch, opted in natively.
+/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d = 128 its
+/// dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
 template <class ExecSpace>
 std::string tc_backward_problem(const ExecSpace& space, int d) {
   const std::size_t need = d == 64 ? TcBackwardShape<64>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch;
@@ -69,7 +69,6 @@ std::string tc_backward_problem(const ExecSpace& space, int d) {
            std::to_string(need);
   return "";
 }
-
 
 template <int D>
 TileConfig tc_forward_tiles(std::size_t l0_max) {
