@@ -30,6 +30,16 @@ inline std::size_t agreed_blocks(std::size_t mine, MPI_Comm comm) {
   return static_cast<std::size_t>(n);
 }
 
+/// Calls f(block) for each of this rank's blocks (row_blocks of its rows of a dataset with global `dims`,
+/// io_chunk_elements() at most), then with empty blocks until it has made as many calls as the rank with
+/// the most blocks: every block read or write is collective. Collective.
+template <class F>
+void for_each_block(const std::vector<long>& dims, const Shard& s, MPI_Comm comm, F&& f) {
+  const auto blocks = kfa::io::row_blocks(dims, 1, s.segs, io_chunk_elements());
+  const std::size_t count = agreed_blocks(blocks.size(), comm);
+  for (std::size_t i = 0; i < count; ++i) f(i < blocks.size() ? blocks[i] : kfa::io::RowBlock());
+}
+
 /// Elements [offset, offset + n) of a device tensor as a flat View (LayoutRight: contiguous).
 template <class T>
 Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat_range(const Tensor<T>& x, std::size_t offset, std::size_t n) {
@@ -42,30 +52,26 @@ Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat_range(const 
 template <class T, class M>
 void read_shard_as(kfa::io::Reader& reader, const std::string& name, const kfa::io::DatasetInfo& info, const Shard& s,
                    const Tensor<T>& x, MPI_Comm comm) {
-  const auto blocks = kfa::io::row_blocks(info.dims, 1, s.segs, io_chunk_elements());
-  const std::size_t count = agreed_blocks(blocks.size(), comm);
   constexpr bool direct = std::is_same<T, M>::value && device_is_host;  // HDF5 reads into the tensor itself
   std::vector<M> buf;
   Kokkos::View<T*, Kokkos::HostSpace> stage;
-  for (std::size_t i = 0; i < count; ++i) {
-    kfa::io::RowBlock b;
-    if (i < blocks.size()) b = blocks[i];
+  for_each_block(info.dims, s, comm, [&](const kfa::io::RowBlock& b) {
     if constexpr (direct) {
       reader.read_block(name, info, b, reinterpret_cast<M*>(x.data()) + b.offset);
-      continue;
+      return;
     }
     buf.resize(b.elements);
     reader.read_block(name, info, b, buf.data());
-    if (b.elements == 0) continue;
+    if (b.elements == 0) return;
     if (device_is_host) {
       T* dst = x.data() + b.offset;
       for (std::size_t j = 0; j < b.elements; ++j) dst[j] = static_cast<T>(buf[j]);
-      continue;
+      return;
     }
     if (stage.extent(0) < b.elements) stage = Kokkos::View<T*, Kokkos::HostSpace>(Kokkos::view_alloc("kfa-longseq::read_stage", Kokkos::WithoutInitializing), b.elements);
     for (std::size_t j = 0; j < b.elements; ++j) stage(j) = static_cast<T>(buf[j]);
     Kokkos::deep_copy(flat_range(x, b.offset, b.elements), Kokkos::subview(stage, std::make_pair(std::size_t(0), b.elements)));
-  }
+  });
 }
 
 template <class T>
@@ -100,17 +106,13 @@ template <class Out, class T>
 void write_tensor(kfa::io::Writer& w, const std::string& name, const std::vector<long>& dims, const Shard& s,
                   const Tensor<T>& x, MPI_Comm comm) {
   w.create_dataset(name, dims, file_type_of<Out>());
-  const auto blocks = kfa::io::row_blocks(dims, 1, s.segs, io_chunk_elements());
-  const std::size_t count = agreed_blocks(blocks.size(), comm);
   constexpr bool direct = std::is_same<T, Out>::value && device_is_host;  // HDF5 writes from the tensor itself
   std::vector<Out> buf;
   Kokkos::View<T*, Kokkos::HostSpace> stage;
-  for (std::size_t i = 0; i < count; ++i) {
-    kfa::io::RowBlock b;
-    if (i < blocks.size()) b = blocks[i];
+  for_each_block(dims, s, comm, [&](const kfa::io::RowBlock& b) {
     if constexpr (direct) {
       w.write_block(name, b, reinterpret_cast<const Out*>(x.data()) + b.offset);
-      continue;
+      return;
     }
     const T* src = x.data() + b.offset;
     if (!device_is_host && b.elements > 0) {
@@ -121,7 +123,7 @@ void write_tensor(kfa::io::Writer& w, const std::string& name, const std::vector
     buf.resize(b.elements);
     for (std::size_t j = 0; j < b.elements; ++j) buf[j] = stored<Out>(to_double(src[j]));
     w.write_block(name, b, buf.data());
-  }
+  });
 }
 
 /// Writes lse [batch, heads, n] as this rank's rows of dataset "lse" [batch, heads, seq], stored as Out
