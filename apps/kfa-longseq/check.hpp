@@ -149,6 +149,24 @@ inline void pass_on(TravellingSegments& seg, MPI_Comm comm) {
   MPI_Sendrecv_replace(seg.v, 5, MPI_LONG, (rank + 1) % p, 6, (rank + p - 1) % p, 6, comm, MPI_STATUS_IGNORE);
 }
 
+/// A random row (batch, local token, head) of this rank's shard.
+struct RandomRow {
+  long b, local, h;
+};
+/// `count` random rows of this rank (none when it holds no token), each drawn from `rng` as batch, local
+/// token, then head (of `heads`).
+inline std::vector<RandomRow> random_rows(int count, const Shard& s, long heads, std::mt19937_64& rng) {
+  std::vector<RandomRow> out;
+  for (int i = 0; i < count && s.n > 0; ++i) {
+    RandomRow r;
+    r.b = static_cast<long>(rng() % s.batch);
+    r.local = static_cast<long>(rng() % s.n);
+    r.h = static_cast<long>(rng() % heads);
+    out.push_back(r);
+  }
+  return out;
+}
+
 /// A host copy of a device tensor in its own dtype, [batch, nmax, heads, d] (rows beyond the rank's n
 /// left zero): the shards that travel around the ring for --input (the same size on every rank).
 template <class T>
@@ -195,11 +213,9 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
     std::vector<double> q, dout, acc, a, bsum;
   };
   std::vector<Row> rows;
-  for (int i = 0; i < c.check && s.n > 0; ++i) {
+  for (const RandomRow& x : random_rows(c.check, s, s.heads, rng)) {
     Row r;
-    r.b = static_cast<long>(rng() % s.batch);
-    r.li = static_cast<long>(rng() % s.n);
-    r.h = static_cast<long>(rng() % s.heads);
+    r.b = x.b, r.li = x.local, r.h = x.h;
     r.gi = s.global_of(r.li), r.m = -INFINITY, r.l = 0, r.acc.assign(d, 0.0);
     r.q = device_row(t.q, r.b, r.li, r.h);
     if (bwd) r.a.assign(d, 0.0), r.bsum.assign(d, 0.0), r.dout = device_row(t.d_o, r.b, r.li, r.h);
@@ -286,11 +302,9 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
     std::vector<double> k, v, dk, dv;
   };
   std::vector<KeyRow> keys;
-  for (int i = 0; i < c.check && s.n > 0; ++i) {
+  for (const RandomRow& x : random_rows(c.check, s, s.kv_heads, rng)) {
     KeyRow r;
-    r.b = static_cast<long>(rng() % s.batch);
-    r.lj = static_cast<long>(rng() % s.n);
-    r.hk = static_cast<long>(rng() % s.kv_heads);
+    r.b = x.b, r.lj = x.local, r.hk = x.h;
     r.gj = s.global_of(r.lj), r.dk.assign(d, 0.0), r.dv.assign(d, 0.0);
     r.k = device_row(t.k, r.b, r.lj, r.hk), r.v = device_row(t.v, r.b, r.lj, r.hk);
     keys.push_back(r);
