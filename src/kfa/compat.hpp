@@ -1,11 +1,7 @@
-/// Every difference between the Kokkos versions kfa supports (3.4.01 as in Debian 12, 4.x, 5.x) lives here.
-///
-/// Kokkos Kernels is needed only by the materialized reference (reference.hpp), so compat::gemm and its
-/// KokkosBlas include sit in a second section at the end, compiled only where KFA_COMPAT_GEMM is defined
-/// before this header is included (reference.hpp does so). Hence an include guard instead of
-/// `#pragma once`: the main part is read once, the gemm section once more when a later header asks for it.
-#ifndef KFA_COMPAT_HPP
-#define KFA_COMPAT_HPP
+#pragma once
+/// Every difference between the Kokkos (and Kokkos Kernels) versions kfa supports (3.4.01 as in Debian 12,
+/// 4.x, 5.x) lives here. No Kokkos Kernels header is included: kernels_call takes the call as a generic
+/// lambda, so only reference.hpp, the one kfa header that calls Kokkos Kernels (compat::gemm), includes one.
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
@@ -89,31 +85,21 @@ inline std::string kokkos_version_string() {
          std::to_string(KOKKOS_VERSION % 100);
 }
 
-}  // namespace compat
-}  // namespace kfa
-#endif  // KFA_COMPAT_HPP
-
-// Kokkos Kernels: only for the headers that define KFA_COMPAT_GEMM before including this one (reference.hpp).
-#if defined(KFA_COMPAT_GEMM) && !defined(KFA_COMPAT_GEMM_DECLARED)
-#define KFA_COMPAT_GEMM_DECLARED
-#include <KokkosBlas3_gemm.hpp>
-
-namespace kfa {
-namespace compat {
-
-/// C = alpha op(A) op(B) + beta C on `space`; Kokkos Kernels 3.4 has no execution-space overload.
-template <class ExecSpace, class AV, class BV, class CV, class Scalar>
-void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a,
-          const BV& b, Scalar beta, const CV& c) {
+/// Runs a Kokkos Kernels call on `space`. From 4.0 Kokkos Kernels takes the execution space as the first
+/// argument: call(space). Kokkos Kernels 3.4 has no execution-space overloads: call() runs on the default
+/// instance, so `space` is fenced before it and the default instance after. `call` is generic over a pack
+/// that is `space` or empty, e.g. [&](const auto&... on) { KokkosBlas::gemm(on..., "N", "N", ...); }
+/// (compat::gemm in reference.hpp), so this header needs no Kokkos Kernels header.
+template <class ExecSpace, class Call>
+void kernels_call(const ExecSpace& space, Call&& call) {
 #if KOKKOS_VERSION >= 40000
-  KokkosBlas::gemm(space, trans_a, trans_b, alpha, a, b, beta, c);
+  call(space);
 #else
   space.fence();
-  KokkosBlas::gemm(trans_a, trans_b, alpha, a, b, beta, c);
+  call();
   ExecSpace().fence();
 #endif
 }
 
 }  // namespace compat
 }  // namespace kfa
-#endif  // KFA_COMPAT_GEMM

@@ -2,17 +2,25 @@
 /// Standard ("materialized") attention: S = scale·Q·Kᵀ and P = softmax(S) are stored for one (batch, head)
 /// at a time and the products go through Kokkos Kernels gemm. Same signature and semantics as
 /// attention_forward; it is the benchmark baseline and a second oracle, and it needs seq_q·seq_k memory.
-#ifndef KFA_COMPAT_GEMM
-#define KFA_COMPAT_GEMM 1  // compat::gemm (Kokkos Kernels): this is the one kfa header that needs it
-#endif
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
 #include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
 
+#include <KokkosBlas3_gemm.hpp>  // Kokkos Kernels: this is the one kfa header that needs it
+
 #include <string>
 
 namespace kfa {
+
+namespace compat {
+/// C = alpha op(A) op(B) + beta C on `space` (KokkosBlas::gemm; kernels_call holds the Kokkos 3.4 quirk).
+template <class ExecSpace, class AV, class BV, class CV, class Scalar>
+void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a,
+          const BV& b, Scalar beta, const CV& c) {
+  kernels_call(space, [&](const auto&... on) { KokkosBlas::gemm(on..., trans_a, trans_b, alpha, a, b, beta, c); });
+}
+}  // namespace compat
 
 namespace detail {
 /// Applies softcap and mask to row i of a materialized score matrix in place; returns the row maximum
