@@ -667,14 +667,20 @@ class RingExchange {
   using T = typename View::non_const_value_type;
   RingExchange(const ExecSpace& space, const Ring& ring, const View& send, std::size_t send_count, const View& recv,
                std::size_t recv_count, int tag, int shift = 1)
-      : m_ex((prepare_transport<typename ExecSpace::memory_space>(ring, "kfa::dist::RingExchange"), space), ring,
-             std::max(send_count, recv_count), "kfa::dist::RingExchange") {
+      : m_ex(prepared(space, ring), ring, std::max(send_count, recv_count), "kfa::dist::RingExchange") {
     m_ex.start(send, send_count, recv, recv_count, tag, shift);
   }
   void poke() { m_ex.test(); }
   void wait() { m_ex.finish(); }
 
  private:
+  /// Readies ring's transport (collective) and returns `space`: called in m_ex's initializer, because the
+  /// Exchanger's constructor needs the transport ready (the NCCL channel), so it cannot wait for the body.
+  static const ExecSpace& prepared(const ExecSpace& space, const Ring& ring) {
+    prepare_transport<typename ExecSpace::memory_space>(ring, "kfa::dist::RingExchange");
+    return space;
+  }
+
   Exchanger<ExecSpace, T> m_ex;
 };
 
