@@ -659,31 +659,6 @@ void prepare_transport(const Ring& ring, const char* fn) {
 #endif
 }
 
-/// One blocking-style exchange of a whole flat View (kept for kfa-longseq and the ring benchmark, which
-/// time a bare exchange): starts at construction, wait() completes it. Prefer time_ring_exchange().
-template <class ExecSpace, class View>
-class RingExchange {
- public:
-  using T = typename View::non_const_value_type;
-  RingExchange(const ExecSpace& space, const Ring& ring, const View& send, std::size_t send_count, const View& recv,
-               std::size_t recv_count, int tag, int shift = 1)
-      : m_ex(prepared(space, ring), ring, std::max(send_count, recv_count), "kfa::dist::RingExchange") {
-    m_ex.start(send, send_count, recv, recv_count, tag, shift);
-  }
-  void poke() { m_ex.test(); }
-  void wait() { m_ex.finish(); }
-
- private:
-  /// Readies ring's transport (collective) and returns `space`: called in m_ex's initializer, because the
-  /// Exchanger's constructor needs the transport ready (the NCCL channel), so it cannot wait for the body.
-  static const ExecSpace& prepared(const ExecSpace& space, const Ring& ring) {
-    prepare_transport<typename ExecSpace::memory_space>(ring, "kfa::dist::RingExchange");
-    return space;
-  }
-
-  Exchanger<ExecSpace, T> m_ex;
-};
-
 /// End of a ring step: agrees on whether any rank failed during it; if so, every rank throws the same
 /// kfa::Error naming the first failing rank. The step's transfers must be complete (finish()) before.
 inline void agree_on_step(const Ring& ring, const char* fn, int step, const std::string& local_error) {
