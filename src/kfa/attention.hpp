@@ -131,7 +131,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   tc_add_view_problem(tc_why, "k", k);
   tc_add_view_problem(tc_why, "v", v);
   tc_add_view_problem(tc_why, "o", o);
-  const std::string fa2_why = tc_why.empty() ? fa2_forward_why_not(space, d, opts) : tc_why;
+  const std::string fa2_why = tc_why.empty() ? fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts) : tc_why;
   const std::string team_why =
       tc_why.empty() ? tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward") : tc_why;
   const std::string simt_why = simt_forward_why_not<ExecSpace>(q, k, v, o, opts);

@@ -102,9 +102,11 @@ BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
 /// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can), given
 /// that the tensor-core kernels can (tc_space_problem and the views' problems are "").
 template <class ExecSpace>
-std::string fa2_forward_why_not(const ExecSpace& space, int d, const AttentionOptions& opts) {
+std::string fa2_forward_why_not(const ExecSpace& space, int d, long seq_k, const AttentionOptions& opts) {
   const std::string why = fa2_forward_problem(space, d);
   if (!why.empty()) return why;
+  if (seq_k > 2147483647L - 256)  // key positions are ints in its tile loop (fewer registers: no spills)
+    return "seq_k = " + std::to_string(seq_k) + " (the FA2-layout forward indexes keys with 32-bit ints)";
   return d == 64 ? tc_block_problem(opts, Fa2ForwardShape<64>::block_q, Fa2ForwardShape<64>::block_k, "forward")
                  : tc_block_problem(opts, Fa2ForwardShape<128>::block_q, Fa2ForwardShape<128>::block_k, "forward");
 }

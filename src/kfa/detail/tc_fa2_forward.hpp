@@ -96,13 +96,13 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
   const long kstride = a.k_s[1], vstride = a.v_s[1];
 
-  const long j_begin = mask.key_begin(i0);
-  const long j_end = mask.key_end(i0 + rows);
-  auto load_kv = [&](long j0, int stage) {
+  const int j_begin = static_cast<int>(mask.key_begin(i0));
+  const int j_end = static_cast<int>(mask.key_end(i0 + rows));
+  auto load_kv = [&](int j0, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
-    tc::load_tile_async<D>(kd, kbase + j0 * kstride, kstride, BC, cols, tid, NT);
-    tc::load_tile_async<D>(kd + kv_bytes, vbase + j0 * vstride, vstride, BC, cols, tid, NT);
+    tc::load_tile_async<D>(kd, kbase + static_cast<long>(j0) * kstride, kstride, BC, cols, tid, NT);
+    tc::load_tile_async<D>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, BC, cols, tid, NT);
   };
   // Group 0: the Q block (rows past seq_q are zeros) and the first K/V tile.
   tc::load_tile_async<D>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1], BQ, rows,
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   const std::uint32_t v_off = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
   int stage = 0;
-  for (long j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+  for (int j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
     const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
     if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
     tc::cp_async_commit();
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] = cap_out * tanhf(s[mt][n][e] * cap_in);
     }
-    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC)) {
+    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
       // Keys past j_end are seen by no row, so the row's visible range covers the tile's padding too.
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
