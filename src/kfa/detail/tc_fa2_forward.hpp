@@ -96,9 +96,12 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
   const long kstride = a.k_s[1], vstride = a.v_s[1];
 
-  const int j_begin = static_cast<int>(mask.key_begin(i0));
-  const int j_end = static_cast<int>(mask.key_end(i0 + rows));
-  auto load_kv = [&](int j0, int stage) {
+  // Key positions: int or long, whichever leaves the instance without register spills (ptxas, CUDA 13.0,
+  // sm_90); int needs seq_k < 2^31 - 256, which the plan checks.
+  using Pos = typename std::conditional<Softcap, long, int>::type;
+  const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
+  const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
+  auto load_kv = [&](Pos j0, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
     tc::load_tile_async<D>(kd, kbase + static_cast<long>(j0) * kstride, kstride, BC, cols, tid, NT);
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   const std::uint32_t v_off = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
   int stage = 0;
-  for (int j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+  for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
     const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
     if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
     tc::cp_async_commit();
