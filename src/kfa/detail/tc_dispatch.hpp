@@ -62,12 +62,8 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
 /// dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
 template <class ExecSpace>
 std::string tc_backward_problem(const ExecSpace& space, int d) {
-  const std::size_t need = d == 64 ? TcBackwardShape<64>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch;
-  const std::size_t have = native_smem_max(space);
-  if (have < need)
-    return "the device allows " + std::to_string(have) + " B of shared memory per block, the tensor-core dK/dV kernel needs " +
-           std::to_string(need);
-  return "";
+  return native_smem_problem(space, d == 64 ? TcBackwardShape<64>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch,
+                             "the tensor-core dK/dV kernel");
 }
 
 template <int D>

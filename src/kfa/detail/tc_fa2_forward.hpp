@@ -283,12 +283,8 @@ template <class ExecSpace>
 std::string fa2_forward_problem(const ExecSpace& space, int d) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    const std::size_t need = d == 64 ? Fa2ForwardShape<64>::smem : Fa2ForwardShape<128>::smem;
-    const std::size_t have = native_smem_max(space);
-    if (have < need)
-      return "the device allows " + std::to_string(have) + " B of shared memory per block, the FA2-layout forward needs " +
-             std::to_string(need);
-    return "";
+    return native_smem_problem(space, d == 64 ? Fa2ForwardShape<64>::smem : Fa2ForwardShape<128>::smem,
+                               "the FA2-layout forward");
   }
 #endif
   (void)space, (void)d;

@@ -25,6 +25,16 @@ std::size_t native_smem_max(const ExecSpace& space) {
   return 0;
 }
 
+/// Why a kernel that needs `need` bytes of shared memory per block cannot be launched natively on the
+/// device of `space` ("" when it can); `kernel` names it in the message.
+template <class ExecSpace>
+std::string native_smem_problem(const ExecSpace& space, std::size_t need, const char* kernel) {
+  const std::size_t have = native_smem_max(space);
+  if (have >= need) return "";
+  return "the device allows " + std::to_string(have) + " B of shared memory per block, " + kernel + " needs " +
+         std::to_string(need);
+}
+
 #if KFA_HAS_TENSOR_CORES
 /// A Kokkos-style team functor body run by a native launch: blockIdx.x is the league rank, threadIdx.x
 /// the lane and threadIdx.y the warp (as in a TeamPolicy of F::warps × 32), the dynamic shared memory
