@@ -7,7 +7,7 @@
 //
 //   kfa_bench_sdpa --out DIR [--dtypes bf16,fp16,fp32] [--d 64,128] [--n 512,...,16384] [--causal 0,1]
 //                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32]
-//                  [--no-backward] [--seed S]
+//                  [--no-backward] [--nondeterministic] [--seed S]
 //
 // Prints one line per case: dtype d N causal batch heads path fwd_ms fwd_TFLOPs fwdbwd_ms fwdbwd_TFLOPs.
 // FLOPs: forward 4·B·H·N²·d (halved for causal), backward 2.5× forward (FlashAttention's convention).
@@ -66,7 +66,7 @@ struct Args {
   std::vector<std::string> dtypes{"bf16", "fp16", "fp32"};
   std::vector<int> ds{64, 128}, ns{512, 1024, 2048, 4096, 8192, 16384}, causals{0, 1};
   int tokens = 16384, hidden = 2048, reps = 20;
-  bool backward = true;
+  bool backward = true, deterministic = true;
   std::uint64_t seed = 1000;
   std::string out, path = "automatic";
 };
@@ -89,6 +89,7 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
         fill_hash(q, s0 + 1), fill_hash(k, s0 + 2), fill_hash(v, s0 + 3), fill_hash(d_o, s0 + 4);
         kfa::AttentionOptions opts;
         opts.causal = causal != 0;
+        opts.deterministic = a.deterministic;
         for (kfa::TileProductPath p : all_paths)
           if (kfa::to_string(p) == a.path) opts.path = p;
         const double fwd_flops = 4.0 * batch * heads * double(n) * n * d * (causal ? 0.5 : 1.0);
@@ -116,7 +117,7 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
           });
         }
         std::printf("%s %d %d %d %d %d %s seed=%llu %.4f %.2f %.4f %.2f\n", dname.c_str(), d, n, causal, batch, heads,
-                    a.path.c_str(), static_cast<unsigned long long>(s0), tf * 1e3, fwd_flops / tf * 1e-12,
+                    (a.path + (a.deterministic ? "" : "+nondet")).c_str(), static_cast<unsigned long long>(s0), tf * 1e3, fwd_flops / tf * 1e-12,
                     tfb * 1e3, tfb > 0 ? 3.5 * fwd_flops / tfb * 1e-12 : 0.0);
         std::fflush(stdout);
       }
@@ -146,11 +147,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool no_backward = false;
   app.add_flag("--no-backward", no_backward, "forward only");
+  bool nondet = false;
+  app.add_flag("--nondeterministic", nondet, "AttentionOptions::deterministic = false (atomic dQ where it exists)");
   app.add_option("--seed", a.seed, "base seed of the counter hash")->check(integer(0, LLONG_MAX, "a non-negative integer"))
       ->capture_default_str();
   const int parsed = parse_command_line(app, argc, argv);
   if (parsed >= 0) return parsed;
   a.backward = !no_backward;
+  a.deterministic = !nondet;
   Kokkos::ScopeGuard guard(argc, argv);
   std::printf("# kfa %s, Kokkos %s, backend %s\n", KFA_VERSION_STRING, kfa::compat::kokkos_version_string().c_str(),
               Exec::name());

@@ -112,6 +112,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--grad-check-max-n", type=int, default=4096)
     ap.add_argument("--kfa-path", default="automatic")
+    ap.add_argument("--kfa-nondeterministic", action="store_true",
+                    help="kfa with AttentionOptions::deterministic = false (atomic dQ, as flash)")
     ap.add_argument("--rows", help="where the sampled output rows go (default OUT/rows)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -120,6 +122,8 @@ def main():
 
     cmd = [a.kfa_bench, "--out", rows_dir, "--dtypes", a.dtypes, "--d", a.d, "--n", a.n, "--causal", a.causal,
            "--tokens", str(a.tokens), "--hidden", str(a.hidden), "--reps", str(a.reps), "--path", a.kfa_path]
+    if a.kfa_nondeterministic:
+        cmd.append("--nondeterministic")
     print("#", " ".join(cmd), flush=True)
     res = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(res.stdout)

@@ -258,8 +258,11 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, con
 /// Kokkos profiling region.
 struct BackwardPlan {
   TileProductPath family;
-  BackwardTileConfig tiles;
+  BackwardTileConfig tiles;  ///< with atomic_dq only tiles.dkdv is used
   std::string region;
+  /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
+  /// tensor-core family); otherwise a separate dQ kernel, bitwise reproducible.
+  bool atomic_dq = false;
 };
 
 namespace detail {
@@ -286,13 +289,14 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   using T = typename QV::non_const_value_type;
   using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
+  const bool fused = !opts.deterministic;
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
-  if (why_not.empty()) why_not = tc_backward_problem(space, d);
+  if (why_not.empty()) why_not = tc_backward_problem(space, d, fused);
   if (why_not.empty()) {
-    const BackwardTileConfig t = tc_backward_tiles(d, 0);
+    const BackwardTileConfig t = tc_backward_tiles(d, 0, fused);
     // one override serves both kernels only where they agree; the portable path honours any
     why_not = tc_block_problem(opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
-    if (why_not.empty()) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
+    if (why_not.empty() && !fused) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
   }
   tc_add_view_problem(why_not, "q", q);
   tc_add_view_problem(why_not, "k", k);
@@ -314,16 +318,18 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
     case P::automatic: tc = why_not.empty(); break;
   }
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max) : backward_tile_config(space, q, k, opts);
+  BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max, fused) : backward_tile_config(space, q, k, opts);
   if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
   if (!tc && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
          " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
   const P family = tc ? P::tensor_core : P::portable;
+  const bool atomic_dq = tc && fused;
   return {family, tiles,
-          std::string(fn) + "[" + to_string(family) + "," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
-              to_string(tiles) + "]"};
+          std::string(fn) + "[" + to_string(family) + (atomic_dq ? ",atomic_dq," : ",") + dtype_name<T>() + ",d" +
+              std::to_string(d) + "," + to_string(tiles) + "]",
+          atomic_dq};
 }
 
 /// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
@@ -352,7 +358,7 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   if (tc) {
     if constexpr (has_tensor_core_path<ExecSpace, T>::value)
       tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                         static_cast<float>(opts.softcap), mask);
+                         static_cast<float>(opts.softcap), mask, !plan.atomic_dq);
     return;
   }
   if (nk > 0) {
@@ -404,9 +410,10 @@ BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, con
 
 /// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv
 /// [batch, seq_k, heads_kv, d] (outputs, overwritten) from q, k, v, the forward's o and lse, and d_o
-/// (like q). Same options as the forward call that produced o and lse. Deterministic: no atomics; dK and
-/// dV of a shared KV head are summed over its query heads in a fixed order. Allocates only
-/// D = rowsum(dO ∘ O) [batch, heads_q, seq_q]. Asynchronous on `space`.
+/// (like q). Same options as the forward call that produced o and lse. Deterministic by default: no
+/// atomics; dK and dV of a shared KV head are summed over its query heads in a fixed order; allocates only
+/// D = rowsum(dO ∘ O) [batch, heads_q, seq_q]. With opts.deterministic = false the tensor-core family
+/// accumulates dq with atomics (faster; see AttentionOptions::deterministic). Asynchronous on `space`.
 template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
           class DVV>
 void attention_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,

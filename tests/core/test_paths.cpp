@@ -44,6 +44,10 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const Run<T> pt = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
   // The Kokkos team forward, which tensor_core passes over where the FA2-layout kernel can run.
   const Run<T> team = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_team);
+  // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false).
+  kfa::AttentionOptions nondet = opts;
+  nondet.deterministic = false;
+  const Run<T> atomic = run_path(s, q, k, v, d_o, nondet, kfa::TileProductPath::tensor_core);
   std::vector<double> oref, lref, dqr, dkr, dvr;
   reference_forward64(s, ro, qh, kh, vh, oref, lref);
   reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
@@ -64,6 +68,12 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dq), to_doubles4(pt.dq), tol)) << "dq: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dv), to_doubles4(pt.dv), tol)) << "dv: tensor_core vs portable";
+  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), dqr, tol)) << "atomic dq";
+  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), dkr, tol)) << "atomic dk";
+  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), dvr, tol)) << "atomic dv";
+  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), to_doubles4(pt.dq), tol)) << "dq: atomic vs portable";
+  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), to_doubles4(pt.dk), tol)) << "dk: atomic vs portable";
+  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), to_doubles4(pt.dv), tol)) << "dv: atomic vs portable";
 }
 
 template <class T>
@@ -232,4 +242,35 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::portable);
   opts.path = P::portable;
   EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::portable);
+  // deterministic = false: atomic dQ only in the tensor-core backward, named in its region
+  kfa::AttentionOptions nondet;
+  nondet.deterministic = false;
+  const kfa::BackwardPlan nb = kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet);
+  EXPECT_FALSE(b.atomic_dq) << b.region;
+  EXPECT_EQ(nb.family, b.family);
+  EXPECT_EQ(nb.atomic_dq, b.family == P::tensor_core) << nb.region;
+  EXPECT_EQ(nb.region.find(",atomic_dq,") != std::string::npos, nb.atomic_dq) << nb.region;
+  nondet.path = P::portable;
+  EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet).atomic_dq);
+}
+
+// deterministic = false changes nothing in the families without an atomic path: the portable backward
+// gives bitwise the same gradients either way.
+TYPED_TEST(Paths, NondeterministicOptionLeavesPortableBitwiseEqual) {
+  using T = TypeParam;
+  const Shape s{1, 70, 90, 4, 2, 64};
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim);
+  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
+  kfa::AttentionOptions opts;
+  opts.causal = true;
+  const Run<T> a = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
+  opts.deterministic = false;
+  const Run<T> b = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
+  EXPECT_EQ(to_doubles4(a.dq), to_doubles4(b.dq));
+  EXPECT_EQ(to_doubles4(a.dk), to_doubles4(b.dk));
+  EXPECT_EQ(to_doubles4(a.dv), to_doubles4(b.dv));
 }

@@ -37,13 +37,19 @@ namespace detail {
 #ifndef KFA_TC_DQ_D64_BLOCK_K
 #define KFA_TC_DQ_D64_BLOCK_K 64
 #endif
-template <int D>
+#ifndef KFA_TC_FUSED_D64_BLOCK_Q
+#define KFA_TC_FUSED_D64_BLOCK_Q 32
+#endif
+/// `Fused`: the dK/dV kernel also accumulates dQ with atomics (AttentionOptions::deterministic = false);
+/// it then keeps dSᵀ of each step in shared memory as well, and at d = 64 streams 32-row query tiles so
+/// that it stays within Kokkos' team scratch.
+template <int D, bool Fused = false>
 struct TcBackwardShape {
   static constexpr int warps = 4;                            // dQ
   static constexpr int dkdv_warps = KFA_TC_DKDV_WARPS;
   static constexpr int pitch = D + 8;
   static constexpr int dkdv_block_k = 16 * dkdv_warps;       // owned keys
-  static constexpr int dkdv_block_q = D > 64 ? 32 : KFA_TC_DKDV_D64_BLOCK_Q;  // streamed query rows
+  static constexpr int dkdv_block_q = D > 64 ? 32 : Fused ? KFA_TC_FUSED_D64_BLOCK_Q : KFA_TC_DKDV_D64_BLOCK_Q;
   static constexpr int dq_block_q = 16 * warps;              // owned query rows
   static constexpr int dq_block_k = D > 64 ? 32 : KFA_TC_DQ_D64_BLOCK_K;  // streamed keys
   // dK/dV: V[bk] and K[bk], then stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
@@ -52,7 +58,9 @@ struct TcBackwardShape {
   // this body ran 50% slower than under Kokkos, with one stage or two (perf/RESULTS.md).
   static constexpr int dkdv_stages = D > 64 ? 2 : KFA_TC_DKDV_D64_STAGES;
   static constexpr std::size_t dkdv_stage = 2u * dkdv_block_q * pitch * 2 + 2u * dkdv_block_q * 4;
-  static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + dkdv_stages * dkdv_stage;
+  static constexpr int ds_pitch = dkdv_block_q + 8;  // dSᵀ [key][query] of a step (Fused only)
+  static constexpr std::size_t dkdv_ds = Fused ? std::size_t(dkdv_block_k) * ds_pitch * 2 : 0u;
+  static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + dkdv_stages * dkdv_stage + dkdv_ds;
   // dQ: two stages of K[bk] + V[bk]
   static constexpr std::size_t dq_stage = 2u * dq_block_k * pitch * 2;
   static constexpr std::size_t dq_scratch = 2u * dq_stage;
@@ -76,11 +84,15 @@ __device__ __forceinline__ float tc_recompute_p(float s, float scale, float soft
 }
 #endif
 
-/// Softcap is a template parameter so that without it the 1 − tanh² factors take no registers.
-template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV, class DVV>
+/// Softcap is a template parameter so that without it the 1 − tanh² factors take no registers. FuseDq:
+/// also dQ += dS·K per step into `dq_acc` (fp32 [batch][seq_q][heads_q][D], zeroed; unscaled) with atomic
+/// adds — dSᵀ goes through shared memory, each warp multiplies all query rows of the step by a quarter
+/// of K's columns (tc_backward_launch_d converts dq_acc into dq).
+template <int D, bool Softcap, bool FuseDq, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV,
+          class DVV>
 struct TcDkDvKernel {
   using T = typename QV::non_const_value_type;
-  using Shape = TcBackwardShape<D>;
+  using Shape = TcBackwardShape<D, FuseDq>;
   static constexpr int WARPS = Shape::dkdv_warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
   static constexpr int MIN_BLOCKS = 8 / WARPS;  // launch bounds (either launch): 8 warps per SM
 
@@ -92,16 +104,18 @@ struct TcDkDvKernel {
   DV dd;
   DKV dk;
   DVV dv;
+  float* dq_acc;
   int seq_q, seq_k, heads_kv, group, n_kblocks;
   float scale, softcap;
   KeyMask mask;
 
   TcDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
-               const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), seq_q(static_cast<int>(q_.extent(1))),
-        seq_k(static_cast<int>(k_.extent(1))), heads_kv(static_cast<int>(k_.extent(2))),
-        group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
-        softcap(softcap_), mask(mask_) {}
+               const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_,
+               float* dq_acc_ = nullptr)
+      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), dq_acc(dq_acc_),
+        seq_q(static_cast<int>(q_.extent(1))), seq_k(static_cast<int>(k_.extent(1))),
+        heads_kv(static_cast<int>(k_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
+        n_kblocks((seq_k + BK - 1) / BK), scale(scale_), softcap(softcap_), mask(mask_) {}
 
   using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, MIN_BLOCKS>>;
   using member_type = typename policy_type::member_type;
@@ -123,9 +137,12 @@ struct TcDkDvKernel {
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
     const int wk0 = k0 + warp * 16;  // this warp's first key
 
-    // V, K, then stage st at smem + 2·BK·P·2 + st·dkdv_stage: Q tile, dO tile, lse[BQ], D[BQ].
+    // V, K, then stage st at smem + 2·BK·P·2 + st·dkdv_stage: Q tile, dO tile, lse[BQ], D[BQ]; then
+    // (FuseDq) dSᵀ [BK][DSP].
     const std::uint32_t vs = tc::smem_addr(smem), ks = vs + BK * P * 2;
     auto stage_at = [&](int st) { return smem + 2 * BK * P * 2 + st * Shape::dkdv_stage; };
+    constexpr int DSP = Shape::ds_pitch;
+    char* ds_smem = smem + 2 * BK * P * 2 + Shape::dkdv_stages * Shape::dkdv_stage;
 
     const long qb0 = mask.query_begin(k0);
     const long qb1 = mask.query_end(k0 + keys, seq_q);
@@ -278,6 +295,11 @@ struct TcDkDvKernel {
       for (int kk = 0; kk < BQ / 16; ++kk) {
         std::uint32_t da[4];
         tc::c_to_a<T>(da, s, kk);
+        if (FuseDq) {  // dSᵀ rows of this warp's keys, for dQ below (columns kk·16 … kk·16 + 15)
+          std::uint32_t* r0 = reinterpret_cast<std::uint32_t*>(ds_smem + ((warp * 16 + g) * DSP + kk * 16 + 2 * t4) * 2);
+          std::uint32_t* r1 = r0 + 8 * DSP / 2;
+          r0[0] = da[0], r1[0] = da[1], r0[4] = da[2], r1[4] = da[3];
+        }
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
           std::uint32_t bf[4];
@@ -285,6 +307,10 @@ struct TcDkDvKernel {
           tc::mma<T>(dka[n], da, bf[0], bf[1]);
           tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
         }
+      }
+      if constexpr (FuseDq) {
+        __syncthreads();  // every warp's dSᵀ rows are in
+        accumulate_dq(ds_smem, ks, b, hk * group + step / n_qt, i0, rows, warp, lane);
       }
       if (two && next) store_rows(next_rows, st ^ 1);
       __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's lse, D are in
@@ -306,6 +332,63 @@ struct TcDkDvKernel {
     Kokkos::abort("kfa: the tensor-core backward kernel ran on a device without sm_80 tensor cores");
 #endif
   }
+
+#if KFA_TC_DEVICE
+  /// dq_acc[b][i0 + r][hq][c] += Σ_key dS[r][key] · K[key][c] for this step's `rows` query rows: warp w
+  /// takes columns w·D/WARPS … of every row; dS from its transpose in shared memory (ldmatrix.trans), K as
+  /// the row-major B operand (as dO in dV += Pᵀ·dO). Atomic adds of float pairs (vector adds on sm_90).
+  __device__ __forceinline__ void accumulate_dq(const char* ds_smem, std::uint32_t ks, int b, int hq, long i0,
+                                                int rows, int warp, int lane) const {
+    constexpr int DSP = Shape::ds_pitch, MT = BQ / 16, DN = D / WARPS, NT = DN / 8;
+    static_assert(NT % 2 == 0, "column pairs of n-tiles per warp");
+    const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+    const std::uint32_t ds = tc::smem_addr(ds_smem);
+    // A = dS (query × key) is dSᵀ (key × query) transposed: matrix mi holds keys +8·(mi ≥ 2), queries
+    // +8·(mi odd). B = K (key × column) as in the dK/dV products above.
+    const std::uint32_t a_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * DSP + (mi & 1) * 8) * 2);
+    const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      std::uint32_t a[MT][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+        tc::ldmatrix_x4_trans(a[m], ds + a_lane + static_cast<std::uint32_t>((kk * 16 * DSP + m * 16) * 2));
+#pragma unroll
+      for (int n = 0; n < NT; n += 2) {
+        std::uint32_t bf[4];
+        tc::ldmatrix_x4_trans(bf, ks + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + warp * DN + n * 8) * 2));
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          tc::mma<T>(acc[m][n], a[m], bf[0], bf[1]);
+          tc::mma<T>(acc[m][n + 1], a[m], bf[2], bf[3]);
+        }
+      }
+    }
+    const long heads_q = static_cast<long>(heads_kv) * group;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = m * 16 + g + h * 8;
+        if (r >= rows) continue;
+        float* dst = dq_acc + ((static_cast<long>(b) * seq_q + i0 + r) * heads_q + hq) * D + warp * DN + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#if __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(dst + n * 8), make_float2(acc[m][n][2 * h], acc[m][n][2 * h + 1]));
+#else
+          atomicAdd(dst + n * 8, acc[m][n][2 * h]);
+          atomicAdd(dst + n * 8 + 1, acc[m][n][2 * h + 1]);
+#endif
+        }
+      }
+  }
+#endif
 };
 
 template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DQV>

@@ -58,12 +58,17 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
   return "";
 }
 
+/// Shared memory of the tensor-core dK/dV kernel (with dQ fused in when `fused`).
+inline std::size_t tc_dkdv_scratch(int d, bool fused) {
+  if (d == 64) return fused ? TcBackwardShape<64, true>::dkdv_scratch : TcBackwardShape<64>::dkdv_scratch;
+  return fused ? TcBackwardShape<128, true>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch;
+}
+
 /// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d = 128 its
 /// dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
 template <class ExecSpace>
-std::string tc_backward_problem(const ExecSpace& space, int d) {
-  return native_smem_problem(space, d == 64 ? TcBackwardShape<64>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch,
-                             "the tensor-core dK/dV kernel");
+std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
+  return native_smem_problem(space, tc_dkdv_scratch(d, fused), "the tensor-core dK/dV kernel");
 }
 
 template <int D>
@@ -77,9 +82,10 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
   return t;
 }
 
-template <int D>
+/// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused).
+template <int D, bool Fused>
 BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
-  using S = TcBackwardShape<D>;
+  using S = TcBackwardShape<D, Fused>;
   BackwardTileConfig t;
   t.dkdv.block_q = S::dkdv_block_q;
   t.dkdv.block_k = S::dkdv_block_k;
@@ -122,8 +128,9 @@ TileConfig fa2_forward_tiles(std::size_t smem_max) {
 inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
   return head_dim == 64 ? tc_forward_tiles<64>(l0_max) : tc_forward_tiles<128>(l0_max);
 }
-inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max) {
-  return head_dim == 64 ? tc_backward_tiles<64>(l0_max) : tc_backward_tiles<128>(l0_max);
+inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused) {
+  if (head_dim == 64) return fused ? tc_backward_tiles<64, true>(l0_max) : tc_backward_tiles<64, false>(l0_max);
+  return fused ? tc_backward_tiles<128, true>(l0_max) : tc_backward_tiles<128, false>(l0_max);
 }
 
 /// Why the CUDA fp32 forward (simt_forward.hpp) cannot run these inputs ("" when it can): it needs float
@@ -210,30 +217,80 @@ void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const V
     tc_forward_launch_d<128>(space, q, k, v, o, lse, scale, softcap, mask);
 }
 
+/// dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), the last step of the fused backward.
+template <class DQV>
+struct DqFromAccumulator {
+  DQV dq;
+  const float* acc;
+  int seq_q, heads_q, d;
+  float scale;
+  KOKKOS_FUNCTION void operator()(long x) const {
+    const int c = static_cast<int>(x % d);
+    const long r = x / d;
+    const int h = static_cast<int>(r % heads_q);
+    const long bi = r / heads_q;
+    dq(static_cast<int>(bi / seq_q), static_cast<int>(bi % seq_q), h, c) =
+        static_cast<typename DQV::non_const_value_type>(acc[x] * scale);
+  }
+};
+
+/// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc), launched under Kokkos where its tiles fit
+/// the team scratch, natively otherwise.
+template <int D, bool Softcap, bool FuseDq, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD,
+          class DKV, class DVV>
+void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
+                    const DD& dd, const DKV& dk, const DVV& dv, float scale, float softcap, const KeyMask& mask,
+                    float* dq_acc) {
+#if KFA_HAS_TENSOR_CORES
+  using S = TcBackwardShape<D, FuseDq>;
+  using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+  const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+  const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+  if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+  const char* name = FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
+  // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
+  // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
+  // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
+  if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
+    typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
+    p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
+    Kokkos::parallel_for(name, p1, k1);
+  } else {
+    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                  K1::MIN_BLOCKS, k1);
+  }
+#else
+  (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
+      (void)softcap, (void)mask, (void)dq_acc;
+  fail("kfa: tensor-core kernels are not compiled in this build");
+#endif
+}
+
+/// The tensor-core backward. deterministic: the dK/dV kernel, then the dQ kernel (7 tile products, no
+/// atomics). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
+/// allocated here, then converted into dq.
 template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,
           class DKV, class DVV>
 void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                           const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                          const KeyMask& mask) {
+                          const KeyMask& mask, bool deterministic) {
 #if KFA_HAS_TENSOR_CORES
   using S = TcBackwardShape<D>;
-  if (k.extent(1) > 0) {
-    using K1 = TcDkDvKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
-    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
-    // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
-    // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
-    // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
-    if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
-      typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
-      p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
-      Kokkos::parallel_for("kfa::attention_backward::dkdv[tensor_core]", p1, k1);
-    } else {
-      native_launch(space, "kfa::attention_backward::dkdv[tensor_core]", &native_team_kernel<K1>, league,
-                    dim3(32, S::dkdv_warps), S::dkdv_scratch, K1::MIN_BLOCKS, k1);
-    }
+  if (!deterministic) {
+    const long n = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(1)) * static_cast<long>(q.extent(2)) * D;
+    Kokkos::View<float*, typename ExecSpace::memory_space> acc(
+        Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
+    if (k.extent(1) > 0)
+      tc_dkdv_launch<D, Softcap, true>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, acc.data());
+    if (n > 0)
+      Kokkos::parallel_for("kfa::attention_backward::dq_from_accumulator",
+                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, n),
+                           DqFromAccumulator<DQV>{dq, acc.data(), static_cast<int>(q.extent(1)),
+                                                  static_cast<int>(q.extent(2)), D, scale});
+    return;  // acc's deallocation waits for the device (Kokkos synchronizes before freeing device memory)
   }
+  if (k.extent(1) > 0)
+    tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr);
   if (q.extent(1) > 0) {
     using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
     const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
@@ -245,7 +302,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
   }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask;
+      (void)softcap, (void)mask, (void)deterministic;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
@@ -253,16 +310,16 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
 void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                         const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                        const KeyMask& mask) {
+                        const KeyMask& mask, bool deterministic) {
   const bool cap = softcap > 0.f;
   if (q.extent(3) == 64 && cap)
-    tc_backward_launch_d<64, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+    tc_backward_launch_d<64, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
   else if (q.extent(3) == 64)
-    tc_backward_launch_d<64, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+    tc_backward_launch_d<64, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
   else if (cap)
-    tc_backward_launch_d<128, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+    tc_backward_launch_d<128, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
   else
-    tc_backward_launch_d<128, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+    tc_backward_launch_d<128, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
 }
 
 }  // namespace detail
