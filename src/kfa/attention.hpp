@@ -281,8 +281,8 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
 }
 
 /// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
-/// serves every tensor-core forward family), else portable (also for simt_fp32: the float backward has
-/// only the portable family).
+/// serves every tensor-core forward family), else simt_fp32 (float on CUDA), else portable; opts.path
+/// names one of them (tensor_core_team and tensor_core_fa2 name the tensor-core backward).
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
 BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
                            const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
@@ -305,26 +305,32 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   tc_add_view_problem(why_not, "dq", dq);
   tc_add_view_problem(why_not, "dk", dk);
   tc_add_view_problem(why_not, "dv", dv);
-  bool tc = false;
+  const std::string simt_why = simt_backward_why_not<ExecSpace>(q, k, v, d_o, dq, dk, dv, opts);
+  auto need = [&](const std::string& why) {
+    if (!why.empty()) fail(fn, ": opts.path = ", to_string(opts.path), " but ", why);
+  };
+  P family = P::portable;
   switch (opts.path) {
-    case P::portable:
-    case P::simt_fp32: tc = false; break;
+    case P::portable: family = P::portable; break;
+    case P::simt_fp32: need(simt_why), family = P::simt_fp32; break;
     case P::tensor_core:
     case P::tensor_core_team:
-    case P::tensor_core_fa2:
-      if (!why_not.empty()) fail(fn, ": opts.path = ", to_string(opts.path), " but ", why_not);
-      tc = true;
+    case P::tensor_core_fa2: need(why_not), family = P::tensor_core; break;
+    case P::automatic:
+      family = why_not.empty() ? P::tensor_core : simt_why.empty() ? P::simt_fp32 : P::portable;
       break;
-    case P::automatic: tc = why_not.empty(); break;
   }
+  const bool tc = family == P::tensor_core;
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  BackwardTileConfig tiles = tc ? tc_backward_tiles(d, l0_max, fused) : backward_tile_config(space, q, k, opts);
+  BackwardTileConfig tiles = tc                        ? tc_backward_tiles(d, l0_max, fused)
+                             : family == P::simt_fp32 ? (d == 64 ? simt_backward_tiles<64>(l0_max)
+                                                                  : simt_backward_tiles<128>(l0_max))
+                                                       : backward_tile_config(space, q, k, opts);
   if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  if (!tc && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
+  if (family == P::portable && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
          " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
-  const P family = tc ? P::tensor_core : P::portable;
   const bool atomic_dq = tc && fused;
   return {family, tiles,
           std::string(fn) + "[" + to_string(family) + (atomic_dq ? ",atomic_dq," : ",") + dtype_name<T>() + ",d" +
@@ -342,7 +348,6 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   using Acc = accumulator_t<T>;
   const BackwardPlan plan = backward_plan(fn, space, q, k, v, d_o, dq, dk, dv, opts);
   const BackwardTileConfig& tiles = plan.tiles;
-  const bool tc = plan.family == TileProductPath::tensor_core;
   compat::ScopedRegion region(plan.region);
   const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
   const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
@@ -355,10 +360,19 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
 
   const Acc scale = static_cast<Acc>(resolved_scale<T>(opts, q.extent(3)));
   const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
-  if (tc) {
+  if (plan.family == TileProductPath::tensor_core) {
     if constexpr (has_tensor_core_path<ExecSpace, T>::value)
       tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
                          static_cast<float>(opts.softcap), mask, !plan.atomic_dq);
+    return;
+  }
+  if (plan.family == TileProductPath::simt_fp32) {
+    if (q.extent(3) == 64)
+      simt_backward_launch_d<64>(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
+                                 static_cast<float>(opts.softcap), mask);
+    else
+      simt_backward_launch_d<128>(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
+                                  static_cast<float>(opts.softcap), mask);
     return;
   }
   if (nk > 0) {

@@ -9,7 +9,7 @@ namespace kfa {
 /// its profiling region.
 enum class TileProductPath {
   automatic,    ///< the fastest family that can run these inputs: tensor_core_fa2, tensor_core_team,
-                ///< simt_fp32, portable (in that order; the backward: tensor_core, portable)
+                ///< simt_fp32, portable (in that order; the backward: tensor_core, simt_fp32, portable)
   portable,     ///< team/vector loops that every backend runs (the reference path)
   tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_fa2, else tensor_core_team): CUDA
                 ///< sm_80+, half/bfloat16, head dim 64 or 128, unit head-dim stride and 16-byte-aligned rows
@@ -17,8 +17,7 @@ enum class TileProductPath {
                      ///< scratch); the backward runs the tensor-core backward
   tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
                      ///< natively with opt-in shared memory; the backward runs the tensor-core backward
-  simt_fp32,    ///< forward: the CUDA fp32 kernel (float, head dim 64/128, no block override); the float
-                ///< backward has only the portable family, which it runs
+  simt_fp32,    ///< the CUDA fp32 kernels, forward and backward (float, head dim 64/128, no block override)
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.

@@ -216,7 +216,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   } else {
     const bool simt = f.family == P::simt_fp32;  // float on CUDA
     EXPECT_TRUE(f.family == P::portable || simt) << f.region;
-    EXPECT_EQ(b.family, P::portable);
+    EXPECT_EQ(b.family, simt ? P::simt_fp32 : P::portable) << b.region;
     for (P p : {P::tensor_core, P::tensor_core_team, P::tensor_core_fa2}) {
       opts.path = p;
       try {
@@ -238,8 +238,17 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_NE(std::string(e.what()).find("opts.path = simt_fp32 but "), std::string::npos) << e.what();
     }
   }
-  // simt_fp32 has no backward: the backward runs the portable family (never an error)
-  EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::portable);
+  // the backward: simt_fp32 exactly where the forward has it (float on CUDA), else the same error
+  if (std::is_same<T, float>::value && f.family == P::simt_fp32) {
+    EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::simt_fp32);
+  } else {
+    try {
+      (void)kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
+      ADD_FAILURE() << "simt_fp32 backward planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("opts.path = simt_fp32 but "), std::string::npos) << e.what();
+    }
+  }
   opts.path = P::portable;
   EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::portable);
   // deterministic = false: atomic dQ only in the tensor-core backward, named in its region

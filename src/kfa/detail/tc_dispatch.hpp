@@ -3,6 +3,7 @@
 /// launches of the tensor-core kernels. Everything CUDA-specific compiles only where
 /// has_tensor_core_path holds; elsewhere the launchers are never instantiated.
 #include <kfa/detail/mask.hpp>
+#include <kfa/detail/simt_backward.hpp>
 #include <kfa/detail/simt_forward.hpp>
 #include <kfa/detail/tc_backward.hpp>
 #include <kfa/detail/tc_fa2_forward.hpp>
@@ -157,6 +158,19 @@ std::string simt_forward_why_not(const QV& q, const KV& k, const VV& v, const OV
   (void)q, (void)k, (void)v, (void)o, (void)opts;
   return std::string("there is no CUDA fp32 kernel for ") + dtype_name<typename QV::non_const_value_type>() + " on " +
          ExecSpace::name() + " (it needs Kokkos::Cuda and float elements)";
+}
+
+/// Why the CUDA fp32 backward (simt_backward.hpp) cannot run these inputs ("" when it can): what the fp32
+/// forward needs, of q, k, v, d_o and of the gradients.
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
+std::string simt_backward_why_not(const QV& q, const KV& k, const VV& v, const DOV& d_o, const DQV& dq, const DKV& dk,
+                                  const DVV& dv, const AttentionOptions& opts) {
+  std::string why = simt_forward_why_not<ExecSpace>(q, k, v, q, opts);  // q in o's place: its checks are q's
+  tc_add_view_problem(why, "d_o", d_o);
+  tc_add_view_problem(why, "dq", dq);
+  tc_add_view_problem(why, "dk", dk);
+  tc_add_view_problem(why, "dv", dv);
+  return why;
 }
 
 template <int D>
