@@ -159,7 +159,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   TileConfig tiles;
   switch (family) {
     case P::tensor_core_fa2:
-      tiles = d == 64 ? fa2_forward_tiles<64>(native_smem_max(space)) : fa2_forward_tiles<128>(native_smem_max(space));
+      tiles = fa2_forward_tiles(d, native_smem_max(space));
       break;
     case P::tensor_core_team: tiles = tc_forward_tiles(d, l0_max); break;
     case P::simt_fp32: tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max); break;

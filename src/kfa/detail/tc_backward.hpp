@@ -7,11 +7,11 @@
 ///     dPᵀ = V·dOᵀ), Q and dO tiles (with their lse and D) streamed through two stages of shared
 ///     memory with cp.async; Pᵀ and dSᵀ go from the C layout straight into A fragments of dV += Pᵀ·dO and
 ///     dK += dSᵀ·Q; dK and dV stay in fp32 registers over every query head of the group and every visible
-///     query tile. At d = 128 its two stages do not fit Kokkos' 40 KB team scratch: launched natively
-///     (tc_native.hpp) on the caller's stream; at d = 64 (one stage) a Kokkos team kernel.
+///     query tile. At d = 96 and 128 its two stages do not fit Kokkos' 40 KB team scratch: launched
+///     natively (tc_native.hpp) on the caller's stream; at d = 64 (one stage) a Kokkos team kernel.
 ///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed through
 ///     two stages of level-0 scratch; S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
-/// Double-buffered (dK/dV at d = 128, dQ): the loads of tile t+1 are in flight while tile t is multiplied.
+/// Double-buffered (dK/dV at d > 64, dQ): the loads of tile t+1 are in flight while tile t is multiplied.
 #include <kfa/detail/backward_kernel.hpp>  // recompute_lse
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
@@ -24,7 +24,10 @@ namespace detail {
 
 /// Tile shapes of the tensor-core backward per head dim: the owned block is 16 rows per warp, the
 /// streamed block keeps registers below 255 per thread (and, for dQ, two stages within Kokkos' 40 KB of
-/// level-0 scratch). Build-time knobs for tuning experiments; perf/RESULTS.md records what each measured.
+/// level-0 scratch). d = 96 takes d = 128's tiles: dK/dV with 32-row Q/dO tiles in two stages (54 KB,
+/// 59 KB fused; 64-row tiles would put Sᵀ, dPᵀ and the softcap factors in 96 registers next to dK and
+/// dV's 96), dQ with 32-key tiles (64 would need 53 KB of team scratch). Build-time knobs for tuning
+/// experiments; perf/RESULTS.md records what each measured.
 #ifndef KFA_TC_DKDV_WARPS
 #define KFA_TC_DKDV_WARPS 4
 #endif
@@ -54,8 +57,9 @@ struct TcBackwardShape {
   static constexpr int dq_block_k = D > 64 ? 32 : KFA_TC_DQ_D64_BLOCK_K;  // streamed keys
   // dK/dV: V[bk] and K[bk], then stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
   // (fp32). Two stages at d = 128 (70 KB, launched natively: 6% faster than the single-stage Kokkos kernel
-  // before it on the H200); one at d = 64, so that it fits Kokkos' team scratch (37 KB): launched natively,
-  // this body ran 50% slower than under Kokkos, with one stage or two (perf/RESULTS.md).
+  // before it on the H200) and at d = 96 (54 KB, natively); one at d = 64, so that it fits Kokkos' team
+  // scratch (37 KB): launched natively, this body ran 50% slower than under Kokkos, with one stage or two
+  // (perf/RESULTS.md).
   static constexpr int dkdv_stages = D > 64 ? 2 : KFA_TC_DKDV_D64_STAGES;
   static constexpr std::size_t dkdv_stage = 2u * dkdv_block_q * pitch * 2 + 2u * dkdv_block_q * 4;
   static constexpr int ds_pitch = dkdv_block_q + 8;  // dSᵀ [key][query] of a step (Fused only)
@@ -335,12 +339,13 @@ struct TcDkDvKernel {
 
 #if KFA_TC_DEVICE
   /// dq_acc[b][i0 + r][hq][c] += Σ_key dS[r][key] · K[key][c] for this step's `rows` query rows: warp w
-  /// takes columns w·D/WARPS … of every row; dS from its transpose in shared memory (ldmatrix.trans), K as
-  /// the row-major B operand (as dO in dV += Pᵀ·dO). Atomic adds of float pairs (vector adds on sm_90).
+  /// takes columns w·D/WARPS … of every row (D/WARPS/8 n-tiles: 2 at d = 64, 3 at d = 96, 4 at d = 128; an
+  /// odd last one takes a two-matrix ldmatrix); dS from its transpose in shared memory (ldmatrix.trans), K
+  /// as the row-major B operand (as dO in dV += Pᵀ·dO). Atomic adds of float pairs (vector adds on sm_90).
   __device__ __forceinline__ void accumulate_dq(const char* ds_smem, std::uint32_t ks, int b, int hq, long i0,
                                                 int rows, int warp, int lane) const {
     constexpr int DSP = Shape::ds_pitch, MT = BQ / 16, DN = D / WARPS, NT = DN / 8;
-    static_assert(NT % 2 == 0, "column pairs of n-tiles per warp");
+    static_assert(D % (8 * WARPS) == 0, "whole 8-column n-tiles per warp");
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
     float acc[MT][NT][4];
 #pragma unroll
@@ -359,7 +364,7 @@ struct TcDkDvKernel {
       for (int m = 0; m < MT; ++m)
         tc::ldmatrix_x4_trans(a[m], ds + a_lane + static_cast<std::uint32_t>((kk * 16 * DSP + m * 16) * 2));
 #pragma unroll
-      for (int n = 0; n < NT; n += 2) {
+      for (int n = 0; n + 1 < NT; n += 2) {
         std::uint32_t bf[4];
         tc::ldmatrix_x4_trans(bf, ks + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + warp * DN + n * 8) * 2));
 #pragma unroll
@@ -367,6 +372,13 @@ struct TcDkDvKernel {
           tc::mma<T>(acc[m][n], a[m], bf[0], bf[1]);
           tc::mma<T>(acc[m][n + 1], a[m], bf[2], bf[3]);
         }
+      }
+      if constexpr (NT % 2 == 1) {  // matrices 0 and 1 of the x4 layout: keys +0 and +8 of one n-tile
+        std::uint32_t bf[2];
+        tc::ldmatrix_x2_trans(bf, ks + bt_lane +
+                                      static_cast<std::uint32_t>((kk * 16 * P + warp * DN + (NT - 1) * 8) * 2));
+#pragma unroll
+        for (int m = 0; m < MT; ++m) tc::mma<T>(acc[m][NT - 1], a[m], bf[0], bf[1]);
       }
     }
     const long heads_q = static_cast<long>(heads_kv) * group;

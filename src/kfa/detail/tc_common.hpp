@@ -26,8 +26,22 @@ namespace kfa {
 
 namespace detail {
 
-/// Head dims the tensor-core kernels are instantiated for.
-inline bool tc_head_dim_supported(int d) { return d == 64 || d == 128; }
+/// Head dims the tensor-core kernels are instantiated for (each kernel's shape struct says its tiles per
+/// head dim). 256 is not: its fp32 accumulators alone (dK and dV, or O of two m16 tiles) would take 256
+/// registers per thread in the 16-rows-per-warp layouts these kernels share.
+inline bool tc_head_dim_supported(int d) { return d == 64 || d == 96 || d == 128; }
+/// The message part that lists them, for errors ("the tensor-core kernels exist for ...").
+inline const char* tc_head_dims_text() { return "64, 96 and 128"; }
+
+/// f(std::integral_constant<int, D>{}) for the supported head dim D == d: the one switch from a run-time
+/// head dim to the kernels' instances, which every tensor-core launcher and tile query goes through
+/// (the caller has checked tc_head_dim_supported(d); anything else is taken as 128).
+template <class F>
+decltype(auto) tc_head_dim_switch(int d, F&& f) {
+  if (d == 64) return f(std::integral_constant<int, 64>{});
+  if (d == 96) return f(std::integral_constant<int, 96>{});
+  return f(std::integral_constant<int, 128>{});
+}
 
 /// Why a view cannot feed the tensor-core kernels (16-byte cp.async rows need a unit stride over the
 /// head dim, 16-byte-aligned data and row strides that are multiples of 8 elements), or nullptr.
@@ -126,6 +140,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::ui
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+/// Two transposed 8×8 matrices: the addresses of lanes 0-15 are used (as for matrices 0 and 1 of x4).
+__device__ __forceinline__ void ldmatrix_x2_trans(std::uint32_t (&r)[2], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
 /// 16 bytes global → shared without staging in registers; `valid` false writes zeros (src not read).

@@ -37,7 +37,7 @@ std::string tc_space_problem(const ExecSpace& space, int head_dim) {
   (void)space;
 #endif
   if (!tc_head_dim_supported(head_dim))
-    return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for 64 and 128)";
+    return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() + ")";
   return "";
 }
 
@@ -61,11 +61,13 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
 
 /// Shared memory of the tensor-core dK/dV kernel (with dQ fused in when `fused`).
 inline std::size_t tc_dkdv_scratch(int d, bool fused) {
-  if (d == 64) return fused ? TcBackwardShape<64, true>::dkdv_scratch : TcBackwardShape<64>::dkdv_scratch;
-  return fused ? TcBackwardShape<128, true>::dkdv_scratch : TcBackwardShape<128>::dkdv_scratch;
+  return tc_head_dim_switch(d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    return fused ? TcBackwardShape<D, true>::dkdv_scratch : TcBackwardShape<D>::dkdv_scratch;
+  });
 }
 
-/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d = 128 its
+/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d > 64 its
 /// dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
 template <class ExecSpace>
 std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
@@ -110,8 +112,10 @@ std::string fa2_forward_why_not(const ExecSpace& space, int d, long seq_k, const
   if (!why.empty()) return why;
   if (seq_k > 2147483647L - 256)  // key positions are ints in its tile loop (fewer registers: no spills)
     return "seq_k = " + std::to_string(seq_k) + " (the FA2-layout forward indexes keys with 32-bit ints)";
-  return d == 64 ? tc_block_problem(opts, Fa2ForwardShape<64>::block_q, Fa2ForwardShape<64>::block_k, "forward")
-                 : tc_block_problem(opts, Fa2ForwardShape<128>::block_q, Fa2ForwardShape<128>::block_k, "forward");
+  return tc_head_dim_switch(d, [&](auto dc) {
+    using S = Fa2ForwardShape<decltype(dc)::value>;
+    return tc_block_problem(opts, S::block_q, S::block_k, "forward");
+  });
 }
 
 template <int D>
@@ -127,11 +131,16 @@ TileConfig fa2_forward_tiles(std::size_t smem_max) {
 
 /// Tiles of the tensor-core kernels for a head dim they support.
 inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
-  return head_dim == 64 ? tc_forward_tiles<64>(l0_max) : tc_forward_tiles<128>(l0_max);
+  return tc_head_dim_switch(head_dim, [&](auto dc) { return tc_forward_tiles<decltype(dc)::value>(l0_max); });
+}
+inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
+  return tc_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
 }
 inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused) {
-  if (head_dim == 64) return fused ? tc_backward_tiles<64, true>(l0_max) : tc_backward_tiles<64, false>(l0_max);
-  return fused ? tc_backward_tiles<128, true>(l0_max) : tc_backward_tiles<128, false>(l0_max);
+  return tc_head_dim_switch(head_dim, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    return fused ? tc_backward_tiles<D, true>(l0_max) : tc_backward_tiles<D, false>(l0_max);
+  });
 }
 
 /// Why the CUDA fp32 forward (simt_forward.hpp) cannot run these inputs ("" when it can): it needs float
@@ -225,10 +234,9 @@ void tc_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
                        float scale, float softcap, const KeyMask& mask) {
-  if (q.extent(3) == 64)
-    tc_forward_launch_d<64>(space, q, k, v, o, lse, scale, softcap, mask);
-  else
-    tc_forward_launch_d<128>(space, q, k, v, o, lse, scale, softcap, mask);
+  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+    tc_forward_launch_d<decltype(dc)::value>(space, q, k, v, o, lse, scale, softcap, mask);
+  });
 }
 
 /// dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), the last step of the fused backward.
@@ -325,15 +333,13 @@ template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, cl
 void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                         const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
                         const KeyMask& mask, bool deterministic) {
-  const bool cap = softcap > 0.f;
-  if (q.extent(3) == 64 && cap)
-    tc_backward_launch_d<64, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
-  else if (q.extent(3) == 64)
-    tc_backward_launch_d<64, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
-  else if (cap)
-    tc_backward_launch_d<128, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
-  else
-    tc_backward_launch_d<128, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
+  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (softcap > 0.f)
+      tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
+    else
+      tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
+  });
 }
 
 }  // namespace detail

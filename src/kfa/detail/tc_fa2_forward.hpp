@@ -28,9 +28,13 @@ namespace detail {
 
 /// Tile shape of the FA2-layout forward for head dim D, as FA2 picks it on sm_80/90: 64 keys per tile at
 /// d = 128 (S in 64 registers next to O's 128; 32 keys measured 12-19% slower on the H200), 128 at d = 64
-/// (measured 20% faster than 64). Build-time knobs for tuning experiments.
+/// (measured 20% faster than 64). d = 96 takes 64 as FA2 does: 128 keys would put S in 128 registers
+/// next to O's 96 and P's 64. Build-time knobs for tuning experiments.
 #ifndef KFA_FA2_D64_BLOCK_K
 #define KFA_FA2_D64_BLOCK_K 128
+#endif
+#ifndef KFA_FA2_D96_BLOCK_K
+#define KFA_FA2_D96_BLOCK_K 64
 #endif
 #ifndef KFA_FA2_D128_BLOCK_K
 #define KFA_FA2_D128_BLOCK_K 64
@@ -40,9 +44,10 @@ struct Fa2ForwardShape {
   static constexpr int warps = 4;
   static constexpr int min_blocks = 2;  // resident blocks per SM the registers are bounded for
   static constexpr int block_q = 32 * warps;
-  static constexpr int block_k = D <= 64 ? KFA_FA2_D64_BLOCK_K : KFA_FA2_D128_BLOCK_K;
+  static constexpr int block_k = D <= 64 ? KFA_FA2_D64_BLOCK_K : D <= 96 ? KFA_FA2_D96_BLOCK_K : KFA_FA2_D128_BLOCK_K;
   static constexpr int pitch = D + 8;  // elements per shared row (16-byte pad: conflict-free ldmatrix)
-  /// Q, then two stages of K and V, all 16-bit.
+  static_assert(D % 16 == 0 && (D / 8) % 2 == 0 && block_k % 16 == 0, "n-tiles are taken in pairs");
+  /// Q, then two stages of K and V, all 16-bit (d = 64: 92 KB, 96: 80 KB, 128: 104 KB).
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * pitch * 2;
 };
 
@@ -283,8 +288,8 @@ template <class ExecSpace>
 std::string fa2_forward_problem(const ExecSpace& space, int d) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    return native_smem_problem(space, d == 64 ? Fa2ForwardShape<64>::smem : Fa2ForwardShape<128>::smem,
-                               "the FA2-layout forward");
+    const std::size_t smem = tc_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
+    return native_smem_problem(space, smem, "the FA2-layout forward");
   }
 #endif
   (void)space, (void)d;
@@ -328,15 +333,13 @@ void fa2_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, c
 template <class QV, class KV, class VV, class OV, class LV>
 void fa2_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
                         float scale, float softcap, const KeyMask& mask) {
-  const bool cap = softcap > 0.f;
-  if (q.extent(3) == 64 && cap)
-    fa2_forward_launch_d<64, true>(space, q, k, v, o, lse, scale, softcap, mask);
-  else if (q.extent(3) == 64)
-    fa2_forward_launch_d<64, false>(space, q, k, v, o, lse, scale, softcap, mask);
-  else if (cap)
-    fa2_forward_launch_d<128, true>(space, q, k, v, o, lse, scale, softcap, mask);
-  else
-    fa2_forward_launch_d<128, false>(space, q, k, v, o, lse, scale, softcap, mask);
+  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (softcap > 0.f)
+      fa2_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
+    else
+      fa2_forward_launch_d<D, false>(space, q, k, v, o, lse, scale, softcap, mask);
+  });
 }
 #endif
 
