@@ -18,6 +18,7 @@ namespace longseq {
 struct Config {
   std::string input, output, json, dtype = "float32", output_dtype, layout = "contiguous";
   bool generate = false, causal = false, backward = false, progress = false, quiet = false, allow_nonfinite = false;
+  bool nondeterministic = false;  // AttentionOptions::deterministic = false (atomic dQ where a family has it)
   double progress_interval = 10;  // seconds between progress lines (not on a terminal)
   long batch = 1, seqlen = 65536;
   int heads = 4, kv_heads = 0, head_dim = 64, check = 0;

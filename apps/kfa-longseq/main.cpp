@@ -347,6 +347,7 @@ Computed compute(const Config& c, const Shard& s, Tensors<T>& t, MPI_Comm comm) 
   MPI_Comm_size(comm, &p);
   kfa::AttentionOptions opts;
   opts.causal = c.causal, opts.softmax_scale = c.scale, opts.softcap = c.softcap;
+  opts.deterministic = !c.nondeterministic;
   if (!c.window.empty()) opts.window_left = c.window[0], opts.window_right = c.window[1];
   kfa::dist::Ring ring(comm, c.layout == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous);
   if (c.max_message_bytes > 0) ring.set_max_message_bytes(static_cast<std::size_t>(c.max_message_bytes));
@@ -452,6 +453,7 @@ void write_attributes(kfa::io::Writer& w, const Config& c, const Shard& s, int p
   w.attribute("scale_is_default", !(c.scale > 0));
   w.attribute("softcap", c.softcap);
   w.attribute("backward", c.backward);
+  w.attribute("deterministic", !c.nondeterministic);
   w.attribute("source", c.generate ? std::string("generated") : c.input);
   if (c.generate || do_source == "generated") w.attribute("seed", static_cast<long long>(c.seed));
   if (c.backward) w.attribute("do_source", do_source);
@@ -534,7 +536,8 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
       << ", " << kfa::io::io_mode() << ")\n"
       << "  " << p << " ranks, " << c.layout << ", " << c.dtype << ", batch " << s.batch << ", seq " << s.seq << ", heads "
       << s.heads << "/" << s.kv_heads << ", head_dim " << s.d << (c.causal ? ", causal" : "")
-      << (c.backward ? ", forward+backward" : ", forward") << "\n"
+      << (c.backward ? (c.nondeterministic ? ", forward+backward (nondeterministic dq)" : ", forward+backward") : ", forward")
+      << "\n"
       << "  ring transport: " << x.comp.transport << ", messages of at most " << x.comp.max_message_bytes << " bytes\n";
   if (c.backward)
     rep << "  dO: "
@@ -615,7 +618,7 @@ Json summary(const Config& c, const Shard& s, int p, const Outcome& x) {
   js.add("backend", Exec::name()).add("io", kfa::io::io_mode()).add("ranks", p).add("layout", c.layout);
   js.add("dtype", c.dtype).add("output_dtype", c.output.empty() ? Json::null() : Json::str(output_dtype(c)));
   js.add("batch", s.batch).add("seq", s.seq).add("heads", s.heads).add("kv_heads", s.kv_heads);
-  js.add("head_dim", s.d).add("causal", c.causal).add("backward", c.backward);
+  js.add("head_dim", s.d).add("causal", c.causal).add("backward", c.backward).add("deterministic", !c.nondeterministic);
   js.add("scale", c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(s.d)));
   js.add("do_source", x.do_source.empty() ? Json::null() : Json::str(x.do_source));
   js.add("read_s", x.in.read_s).add("generate_s", x.in.generate_s).add("compute_s", x.comp.total_s);
@@ -843,6 +846,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1L, 2147483647L))
       ->default_str("1073741824 (1 GiB)");
   app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO from the input's dataset 'do', else generated with --seed: reported)");
+  app.add_flag("--nondeterministic", c.nondeterministic,
+               "let the backward accumulate dq with atomic adds where its kernel family can (CUDA tensor cores: faster, "
+               "dq not bitwise reproducible); default: bitwise reproducible");
   app.add_option("--output", c.output, "write o, lse (and dq, dk, dv) and typed attributes to this HDF5 file")->default_str("none");
   app.add_option("--check", c.check,
                  "check K random query rows per rank (o, lse; with --backward also dq of those rows and dk, dv of K "

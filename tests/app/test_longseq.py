@@ -422,6 +422,21 @@ def reports_and_attributes(tmp):
                       env={"KFA_LONGSEQ_CORRUPT": what})
         check(rc == 3 and "FAIL" in log and open(keep, "rb").read() == b"previous" and not os.path.exists(js),
               f"--check --backward with {what} corrupted by 1e-3 (test hook): exit {rc} (want 3), FAIL, nothing written")
+    # --nondeterministic: said in the report, JSON and attributes; on the CPU no family has atomics, so the
+    # gradients are bitwise those of the default run above (do_file.h5).
+    out, js = os.path.join(d, "nondet.h5"), os.path.join(d, "nondet.json")
+    rc, log = run(2, "--input", with_do, "--backward", "--nondeterministic", "--output", out, "--json", js, timeout=120)
+    same, attr, rep = False, None, {}
+    if rc == 0:
+        rep = json.load(open(js))
+        with h5py.File(out, "r") as f, h5py.File(os.path.join(d, "do_file.h5"), "r") as g:
+            attr = f.attrs.get("deterministic")
+            same = all(np.array_equal(f[n][...], g[n][...]) for n in ("o", "lse", "dq", "dk", "dv"))
+            same = same and g.attrs.get("deterministic") == True  # noqa: E712 (numpy bool)
+    check(rc == 0 and "forward+backward (nondeterministic dq)" in log and rep.get("deterministic") is False
+          and attr == False and same,  # noqa: E712
+          f"--nondeterministic: report, JSON deterministic={rep.get('deterministic')!r}, attribute {attr!r}, "
+          f"outputs bitwise equal to the default run on the CPU: {same} (exit {rc})")
     rc, log = run(2, "--input", with_do, "--backward", "--output", os.path.join(d, "unchecked.h5"), timeout=120,
                   env={"KFA_LONGSEQ_CORRUPT": "dk"})
     check(rc == 0, f"the same corruption without --check goes unnoticed (exit {rc}): the check is what catches it")
