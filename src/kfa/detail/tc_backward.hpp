@@ -153,41 +153,46 @@ struct TcDkDvKernel {
     const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
     const int steps = n_qt * group;
     const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
-    auto tile_rows = [&](int step) {
-      const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
-      return static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
+    // The steps run over the visible query tiles (fastest) of each query head of the group. A step's
+    // place is kept as counters advanced once per step (no divisions in the loop).
+    struct Step {
+      int qt, gh;  // query tile, query head within the group
+      int hq, rows;
+      long i;  // first query row
     };
-    // Step `step` into stage st: Q and dO with cp.async; lse and D of its rows through registers, loaded
+    auto step_at = [&](int qt, int gh) {
+      const long i = qb0 + static_cast<long>(qt) * BQ;
+      return Step{qt, gh, hk * group + gh, static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ), i};
+    };
+    auto after = [&](int qt, int gh) { return qt + 1 < n_qt ? step_at(qt + 1, gh) : step_at(0, gh + 1); };
+    // Step c into stage st: Q and dO with cp.async; lse and D of its rows through registers, loaded
     // when the step is issued and stored into the stage only after the current step's products (so their
     // latency hides behind them; seen after the barrier that starts the step).
     static_assert(BQ <= 32 * WARPS, "one lse/D row per thread");
     struct RowPair {
       float lse, dd;
     };
-    auto load_rows = [&](int step) {
-      const int hq = hk * group + step / n_qt;
-      const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
-      const bool in = tid < tile_rows(step);
-      return RowPair{in ? recompute_lse(static_cast<float>(lse(b, hq, i + tid))) : compat::infinity<float>(),
-                     in ? static_cast<float>(dd(b, hq, i + tid)) : 0.f};
+    auto load_rows = [&](const Step& c) {
+      const bool in = tid < c.rows;
+      return RowPair{in ? recompute_lse(static_cast<float>(lse(b, c.hq, c.i + tid))) : compat::infinity<float>(),
+                     in ? static_cast<float>(dd(b, c.hq, c.i + tid)) : 0.f};
     };
     auto store_rows = [&](const RowPair& p, int st) {
       float* lse_s = reinterpret_cast<float*>(stage_at(st) + 2 * BQ * P * 2);
       if (tid < BQ) lse_s[tid] = p.lse, lse_s[BQ + tid] = p.dd;
     };
-    auto issue = [&](int step, int st) {
-      const int hq = hk * group + step / n_qt;
-      const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
-      const int rows = tile_rows(step);
+    const auto* qbase = q.data() + b * q.stride(0) + static_cast<long>(hk) * group * q.stride(2);
+    const auto* dobase = d_o.data() + b * d_o.stride(0) + static_cast<long>(hk) * group * d_o.stride(2);
+    auto issue = [&](const Step& c, int st) {
       char* sp = stage_at(st);
       const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
-      tc::load_tile_async<D>(qs, reinterpret_cast<const std::uint16_t*>(q.data() + b * q.stride(0) + i * qstride +
-                                                                         hq * q.stride(2)),
-                             qstride, BQ, rows, tid, 32 * WARPS);
-      tc::load_tile_async<D>(dos, reinterpret_cast<const std::uint16_t*>(d_o.data() + b * d_o.stride(0) +
-                                                                          i * dostride + hq * d_o.stride(2)),
-                             dostride, BQ, rows, tid, 32 * WARPS);
+      tc::load_tile_async<D>(qs, reinterpret_cast<const std::uint16_t*>(qbase + c.i * qstride + c.gh * q.stride(2)),
+                             qstride, BQ, c.rows, tid, 32 * WARPS);
+      tc::load_tile_async<D>(dos,
+                             reinterpret_cast<const std::uint16_t*>(dobase + c.i * dostride + c.gh * d_o.stride(2)),
+                             dostride, BQ, c.rows, tid, 32 * WARPS);
     };
+    int qt = 0, gh = 0;  // the current step's place (the only loop state besides `step`)
     if (steps > 0) {
       tc::load_tile_async<D>(vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) +
                                                                          hk * v.stride(2)),
@@ -195,8 +200,8 @@ struct TcDkDvKernel {
       tc::load_tile_async<D>(ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) +
                                                                          hk * k.stride(2)),
                              static_cast<long>(k.stride(1)), BK, keys, tid, 32 * WARPS);
-      issue(0, 0);
-      store_rows(load_rows(0), 0);
+      issue(step_at(0, 0), 0);
+      store_rows(load_rows(step_at(0, 0)), 0);
     }
     tc::cp_async_commit();
 
@@ -213,16 +218,18 @@ struct TcDkDvKernel {
     const std::uint32_t a_lane = static_cast<std::uint32_t>(((warp * 16 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
     for (int step = 0; step < steps; ++step) {
-      const long i0 = qb0 + static_cast<long>(step % n_qt) * BQ;
-      const int rows = tile_rows(step);
+      const Step cur = step_at(qt, gh);
+      const long i0 = cur.i;
+      const int rows = cur.rows;
       constexpr bool two = Shape::dkdv_stages == 2;
       const int st = two ? step & 1 : 0;
       const bool next = step + 1 < steps;
       RowPair next_rows{0.f, 0.f};
       if (two) {
         if (next) {
-          issue(step + 1, st ^ 1);
-          next_rows = load_rows(step + 1);
+          const Step nxt = after(qt, gh);
+          issue(nxt, st ^ 1);
+          next_rows = load_rows(nxt);
         }
         tc::cp_async_commit();
         tc::cp_async_wait_1();  // all but the group just issued
@@ -314,15 +321,17 @@ struct TcDkDvKernel {
       }
       if constexpr (FuseDq) {
         __syncthreads();  // every warp's dSᵀ rows are in
-        accumulate_dq(ds_smem, ks, b, hk * group + step / n_qt, i0, rows, warp, lane);
+        accumulate_dq(ds_smem, ks, b, hk * group + gh, i0, rows, warp, lane);
       }
       if (two && next) store_rows(next_rows, st ^ 1);
       __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's lse, D are in
       if (!two && next) {
-        issue(step + 1, 0);
+        const Step nxt = after(qt, gh);
+        issue(nxt, 0);
         tc::cp_async_commit();
-        store_rows(load_rows(step + 1), 0);  // seen after the barrier that starts step + 1
+        store_rows(load_rows(nxt), 0);  // seen after the barrier that starts step + 1
       }
+      if (++qt == n_qt) qt = 0, ++gh;
     }
     tc::cp_async_wait_all();
 

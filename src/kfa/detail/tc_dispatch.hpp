@@ -273,14 +273,19 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
   // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
   // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
-  if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
-    typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
-    p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
-    Kokkos::parallel_for(name, p1, k1);
-  } else {
-    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
-                  K1::MIN_BLOCKS, k1);
+  // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
+  // Kokkos, so that instance is not even compiled (it only cost registers and build time).
+  constexpr std::size_t kokkos_cuda_l0_cap = 40936;
+  if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
+    if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
+      typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
+      p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
+      Kokkos::parallel_for(name, p1, k1);
+      return;
+    }
   }
+  native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                K1::MIN_BLOCKS, k1);
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
       (void)softcap, (void)mask, (void)dq_acc;
