@@ -1,5 +1,7 @@
 # Finds Kokkos and Kokkos Kernels and gives them one spelling: Kokkos::kokkos and kfa::kokkoskernels.
 # Used by our own build and by the installed kfaConfig.cmake, so consumers get the same fixes.
+# Kokkos Kernels is looked for only when KFA_ENABLE_KOKKOS_KERNELS is ON (the default; the installed
+# kfaConfig.cmake sets it to what kfa was built with): only kfa/reference.hpp and the benchmarks use it.
 #
 # Debian 12 ships Kokkos 3.4.01 inside Trilinos 13.2. Its KokkosConfig.cmake creates Kokkos::kokkos with
 # INTERFACE_INCLUDE_DIRECTORIES = <prefix>/../include computed one directory too high (/usr/lib/include,
@@ -38,6 +40,15 @@ if(_kfa_kokkos_needs_fix)
   list(REMOVE_DUPLICATES _kfa_kokkos_fixed_inc)
   set_property(TARGET Kokkos::kokkos PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${_kfa_kokkos_fixed_inc}")
   message(STATUS "kfa: repaired Kokkos::kokkos include directories -> ${_kfa_kokkos_fixed_inc}")
+endif()
+
+if(NOT DEFINED KFA_ENABLE_KOKKOS_KERNELS)
+  set(KFA_ENABLE_KOKKOS_KERNELS ON)
+endif()
+if(NOT KFA_ENABLE_KOKKOS_KERNELS)
+  set(KFA_KOKKOS_VERSION "${Kokkos_VERSION}")
+  message(STATUS "kfa: Kokkos ${Kokkos_VERSION} (${Kokkos_DIR}); Kokkos Kernels not used (KFA_ENABLE_KOKKOS_KERNELS=OFF)")
+  return()
 endif()
 
 find_package(KokkosKernels REQUIRED CONFIG)

@@ -10,6 +10,8 @@
 #include <kfa/online_softmax.hpp>
 #include <kfa/options.hpp>
 #include <kfa/paths.hpp>  // kfa::has_tensor_core_path: where the tensor-core path exists
-#include <kfa/reference.hpp>
+#if KFA_HAVE_KOKKOS_KERNELS  // from kfa/config.hpp: built with KFA_ENABLE_KOKKOS_KERNELS=ON
+#include <kfa/reference.hpp>  // kfa::reference_attention*: the materialized baseline (Kokkos Kernels gemm)
+#endif
 #include <kfa/tiling.hpp>
 #include <kfa/types.hpp>

@@ -2,6 +2,10 @@
 /// Standard ("materialized") attention: S = scale·Q·Kᵀ and P = softmax(S) are stored for one (batch, head)
 /// at a time and the products go through Kokkos Kernels gemm. Same signature and semantics as
 /// attention_forward; it is the benchmark baseline and a second oracle, and it needs seq_q·seq_k memory.
+#include <kfa/config.hpp>
+#if !KFA_HAVE_KOKKOS_KERNELS
+#error "kfa/reference.hpp needs Kokkos Kernels, and this kfa was configured with KFA_ENABLE_KOKKOS_KERNELS=OFF"
+#endif
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
 #include <kfa/detail/mask.hpp>

@@ -211,6 +211,7 @@ TYPED_TEST(Forward, EmptyExtentsAreNoOps) {
   }
 }
 
+#if KFA_HAVE_KOKKOS_KERNELS  // kfa::reference_attention needs Kokkos Kernels
 TYPED_TEST(Forward, MaterializedReferenceAgrees) {
   using T = TypeParam;
   for (auto ro : {RefOptions{}, RefOptions{0, true, -1, -1, 0}, RefOptions{0, false, 20, 3, 4.0}}) {
@@ -232,3 +233,4 @@ TYPED_TEST(Forward, MaterializedReferenceAgrees) {
     EXPECT_TRUE(close_lse(to_doubles3(lse), lref, tolerance<kfa::accumulator_t<T>>()));
   }
 }
+#endif
