@@ -186,20 +186,20 @@ struct TcDkDvKernel {
     auto issue = [&](const Step& c, int st) {
       char* sp = stage_at(st);
       const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
-      tc::load_tile_async<D>(qs, reinterpret_cast<const std::uint16_t*>(qbase + c.i * qstride + c.gh * q.stride(2)),
-                             qstride, BQ, c.rows, tid, 32 * WARPS);
-      tc::load_tile_async<D>(dos,
-                             reinterpret_cast<const std::uint16_t*>(dobase + c.i * dostride + c.gh * d_o.stride(2)),
-                             dostride, BQ, c.rows, tid, 32 * WARPS);
+      tc::load_tile_async<D, BQ, 32 * WARPS>(
+          qs, reinterpret_cast<const std::uint16_t*>(qbase + c.i * qstride + c.gh * q.stride(2)), qstride, c.rows, tid);
+      tc::load_tile_async<D, BQ, 32 * WARPS>(
+          dos, reinterpret_cast<const std::uint16_t*>(dobase + c.i * dostride + c.gh * d_o.stride(2)), dostride, c.rows,
+          tid);
     };
     int qt = 0, gh = 0;  // the current step's place (the only loop state besides `step`)
     if (steps > 0) {
-      tc::load_tile_async<D>(vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) +
-                                                                         hk * v.stride(2)),
-                             static_cast<long>(v.stride(1)), BK, keys, tid, 32 * WARPS);
-      tc::load_tile_async<D>(ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) +
-                                                                         hk * k.stride(2)),
-                             static_cast<long>(k.stride(1)), BK, keys, tid, 32 * WARPS);
+      tc::load_tile_async<D, BK, 32 * WARPS>(
+          vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+          static_cast<long>(v.stride(1)), keys, tid);
+      tc::load_tile_async<D, BK, 32 * WARPS>(
+          ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+          static_cast<long>(k.stride(1)), keys, tid);
       issue(step_at(0, 0), 0);
       store_rows(load_rows(step_at(0, 0)), 0);
     }
@@ -457,8 +457,8 @@ struct TcDqKernel {
     auto issue = [&](long j0, int st) {
       const int cols = static_cast<int>(j_end - j0 < BK ? j_end - j0 : BK);
       const std::uint32_t ks = ks0 + st * static_cast<std::uint32_t>(Shape::dq_stage);
-      tc::load_tile_async<D>(ks, kbase + j0 * kstride, kstride, BK, cols, tid, 32 * WARPS);
-      tc::load_tile_async<D>(ks + BK * P * 2, vbase + j0 * vstride, vstride, BK, cols, tid, 32 * WARPS);
+      tc::load_tile_async<D, BK, 32 * WARPS>(ks, kbase + j0 * kstride, kstride, cols, tid);
+      tc::load_tile_async<D, BK, 32 * WARPS>(ks + BK * P * 2, vbase + j0 * vstride, vstride, cols, tid);
     };
     if (j_begin < j_end) issue(j_begin, 0);
     tc::cp_async_commit();

@@ -165,17 +165,41 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-/// Copies `rows` × D 16-bit elements (row r at src + r·stride) into a shared tile with row pitch D + 8
+/// Copies ROWS × D 16-bit elements (row r at src + r·stride) into a shared tile with row pitch D + 8
 /// (the 16-byte pad keeps ldmatrix's eight row addresses in distinct banks); rows ≥ valid are zeroed.
-template <int D>
-__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* src, long stride, int rows,
-                                                int valid, int tid, int nthreads) {
+/// NT threads (tid < NT) share the copy. Shapes are template parameters so that the loop unrolls and,
+/// where NT is a multiple of the chunks per row, each thread keeps its column and walks its rows by
+/// pointer increments (no 64-bit multiply per chunk).
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile_async(std::uint32_t dst, const std::uint16_t* src, long stride, int valid,
+                                                int tid) {
   constexpr int chunks = D / 8;  // 16-byte chunks per row
-  for (int c = tid; c < rows * chunks; c += nthreads) {
-    const int r = c / chunks, x = c % chunks;
-    const bool ok = r < valid;
-    const std::uint16_t* p = src + (ok ? r * stride : 0) + x * 8;
-    cp_async16(dst + static_cast<std::uint32_t>((r * (D + 8) + x * 8) * 2), p, ok);
+  constexpr int total = ROWS * chunks, iters = (total + NT - 1) / NT;
+  if constexpr (NT % chunks == 0) {
+    constexpr int dr = NT / chunks;  // rows between a thread's chunks
+    const int r0 = tid / chunks, x = tid % chunks;
+    const std::uint16_t* p = src + static_cast<long>(r0) * stride + x * 8;
+    std::uint32_t d = dst + static_cast<std::uint32_t>((r0 * (D + 8) + x * 8) * 2);
+#pragma unroll
+    for (int it = 0; it < iters; ++it) {
+      const int r = r0 + it * dr;
+      if (total % NT == 0 || r < ROWS) {
+        const bool ok = r < valid;
+        cp_async16(d, ok ? p : src, ok);
+      }
+      p += dr * stride;
+      d += static_cast<std::uint32_t>(dr * (D + 8) * 2);
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < iters; ++it) {
+      const int c = tid + it * NT;
+      if (total % NT == 0 || c < total) {
+        const int r = c / chunks, x = c % chunks;
+        const bool ok = r < valid;
+        cp_async16(dst + static_cast<std::uint32_t>((r * (D + 8) + x * 8) * 2), src + (ok ? r * stride : 0) + x * 8, ok);
+      }
+    }
   }
 }
 

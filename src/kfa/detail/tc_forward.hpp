@@ -83,9 +83,9 @@ struct TcForwardKernel {
 
     const long j_begin = mask.key_begin(i0);
     const long j_end = mask.key_end(i0 + rows);
-    if (j_begin < j_end) tc::load_tile_async<D>(ks, kbase + j_begin * kstride, kstride, BC,
-                                               static_cast<int>(j_end - j_begin < BC ? j_end - j_begin : BC), tid,
-                                               32 * WARPS);
+    if (j_begin < j_end)
+      tc::load_tile_async<D, BC, 32 * WARPS>(ks, kbase + j_begin * kstride, kstride,
+                                             static_cast<int>(j_end - j_begin < BC ? j_end - j_begin : BC), tid);
     tc::cp_async_commit();
 
     // Q A fragments (rows g and g + 8 of the warp); rows past seq_q are zero.
@@ -109,7 +109,7 @@ struct TcForwardKernel {
       const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
       tc::cp_async_wait_all();
       __syncthreads();  // K_j is in; every warp is done with V_{j-1}
-      tc::load_tile_async<D>(vs, vbase + j0 * vstride, vstride, BC, cols, tid, 32 * WARPS);
+      tc::load_tile_async<D, BC, 32 * WARPS>(vs, vbase + j0 * vstride, vstride, cols, tid);
       tc::cp_async_commit();
 
       float s[BC / 8][4];
@@ -170,8 +170,8 @@ struct TcForwardKernel {
       __syncthreads();  // V_j is in; every warp is done with K_j
       if (j0 + BC < j_end) {
         const long jn = j0 + BC;
-        tc::load_tile_async<D>(ks, kbase + jn * kstride, kstride, BC,
-                               static_cast<int>(j_end - jn < BC ? j_end - jn : BC), tid, 32 * WARPS);
+        tc::load_tile_async<D, BC, 32 * WARPS>(ks, kbase + jn * kstride, kstride,
+                                               static_cast<int>(j_end - jn < BC ? j_end - jn : BC), tid);
       }
       tc::cp_async_commit();
 
