@@ -29,8 +29,9 @@ namespace detail {
 /// Tile shape of the FA2-layout forward for head dim D, as FA2 picks it on sm_80/90: 64 keys per tile at
 /// d = 128 (S in 64 registers next to O's 128; 32 keys measured 12-19% slower on the H200), 128 at d = 64
 /// (measured 20% faster than 64). d = 96 takes 64 as FA2 does: 128 keys would put S in 128 registers
-/// next to O's 96 and P's 64 (H200, bf16, N = 4096/16384: 230-257 TF/s, 0.74-0.80x torch's flash
-/// forward in the same run; d = 64/128 reach 0.87-0.91x). Build-time knobs for tuning experiments.
+/// next to O's 96 and P's 64 (H200, bf16, N = 4096/16384, with the unrolled tile loads: 223-249 TF/s,
+/// 0.74-0.78x torch's flash forward in the same run, where d = 64 reaches 1.01-1.02x and d = 128
+/// 0.91-0.95x; perf/RESULTS.md). Build-time knobs for tuning experiments.
 #ifndef KFA_FA2_D64_BLOCK_K
 #define KFA_FA2_D64_BLOCK_K 128
 #endif
