@@ -153,6 +153,25 @@ struct BackwardTileConfig {
   TileConfig dq;
 };
 
+namespace detail {
+/// The tiles of a CUDA backward family from its shape struct S (dkdv_/dq_ block_q, block_k, scratch) and
+/// its two kernels' team sizes.
+template <class S>
+BackwardTileConfig backward_tiles_of(std::size_t l0_max, int dkdv_team, int dq_team) {
+  BackwardTileConfig t;
+  t.dkdv.block_q = S::dkdv_block_q;
+  t.dkdv.block_k = S::dkdv_block_k;
+  t.dkdv.scratch_l0 = S::dkdv_scratch;
+  t.dkdv.team_size = dkdv_team;
+  t.dq.block_q = S::dq_block_q;
+  t.dq.block_k = S::dq_block_k;
+  t.dq.scratch_l0 = S::dq_scratch;
+  t.dq.team_size = dq_team;
+  t.dkdv.scratch_l0_max = t.dq.scratch_l0_max = l0_max;
+  return t;
+}
+}  // namespace detail
+
 /// The backward kernels' tiles: the streamed tiles (two per step) take at most 90% of level-0 scratch,
 /// the owned tiles and accumulators live in level 1. Overrides as in forward_tile_config.
 template <class ExecSpace, class Acc>

@@ -496,18 +496,7 @@ struct SimtDqKernel {
 template <int D>
 BackwardTileConfig simt_backward_tiles(std::size_t l0_max) {
   using S = SimtBackwardShape<D>;
-  BackwardTileConfig t;
-  t.dkdv.block_q = S::dkdv_block_q;
-  t.dkdv.block_k = S::dkdv_block_k;
-  t.dkdv.scratch_l0 = S::dkdv_scratch;
-  t.dq.block_q = S::dq_block_q;
-  t.dq.block_k = S::dq_block_k;
-  t.dq.scratch_l0 = S::dq_scratch;
-  for (TileConfig* c : {&t.dkdv, &t.dq}) {
-    c->team_size = S::threads;
-    c->scratch_l0_max = l0_max;
-  }
-  return t;
+  return backward_tiles_of<S>(l0_max, S::threads, S::threads);
 }
 
 /// The CUDA fp32 backward: dq [batch, seq_q, heads_q, D], dk and dv [batch, seq_k, heads_kv, D] from q, k, v,

@@ -89,19 +89,7 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
 template <int D, bool Fused>
 BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
   using S = TcBackwardShape<D, Fused>;
-  BackwardTileConfig t;
-  t.dkdv.block_q = S::dkdv_block_q;
-  t.dkdv.block_k = S::dkdv_block_k;
-  t.dkdv.scratch_l0 = S::dkdv_scratch;
-  t.dq.block_q = S::dq_block_q;
-  t.dq.block_k = S::dq_block_k;
-  t.dq.scratch_l0 = S::dq_scratch;
-  t.dkdv.team_size = 32 * S::dkdv_warps;
-  t.dq.team_size = 32 * S::warps;
-  for (TileConfig* c : {&t.dkdv, &t.dq}) {
-    c->scratch_l0_max = l0_max;
-  }
-  return t;
+  return backward_tiles_of<S>(l0_max, 32 * S::dkdv_warps, 32 * S::warps);
 }
 
 /// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can), given
