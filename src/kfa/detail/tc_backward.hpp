@@ -71,20 +71,35 @@ struct TcBackwardShape {
 };
 
 #if KFA_HAS_TENSOR_CORES
+/// The constants of P = exp(softcap(s·scale) − lse) in base 2, computed once on the host (kernel parameters,
+/// so they take no registers): without softcap 2^(s·scale_log2 − lse·log2e), one FFMA and one MUFU.EX2.
+struct TcRecomputeConsts {
+  float scale_log2;  // scale·log2(e)
+  float cap_in;      // scale / softcap: tanh's argument is s·cap_in
+  float cap_log2;    // softcap·log2(e): softcap(x)·log2(e) = tanh(s·cap_in)·cap_log2
+  TcRecomputeConsts(float scale, float softcap)
+      : scale_log2(scale * tc::log2e), cap_in(softcap > 0.f ? scale / softcap : 0.f), cap_log2(softcap * tc::log2e) {}
+};
 #if KFA_TC_DEVICE
-/// Pᵀ or P entries from raw scores: scale, softcap, mask (masked → 0), exp(x − lse); also returns the
-/// softcap derivative factor 1 − tanh² (1 without softcap) through `dcap`.
-template <bool Softcap>
-__device__ __forceinline__ float tc_recompute_p(float s, float scale, float softcap, float lse_row, bool visible,
+/// Pᵀ or P entries from raw scores: scale, softcap, mask (masked → 0), exp(x − lse). `lse2_row` is the row's
+/// lse·log2(e) (+inf for a row that is not there). Also returns the softcap derivative factor 1 − tanh²
+/// (1 without softcap) through `dcap`. `CapDiv` divides tanh's argument (s·scale_log2 / cap_log2 = s·scale /
+/// softcap) instead of multiplying by cap_in: the same value within rounding; which form leaves an instance
+/// without register spills differs between instances (ptxas, CUDA 13.0: d = 64 needs the division).
+template <bool Softcap, bool CapDiv = false>
+__device__ __forceinline__ float tc_recompute_p(float s, const TcRecomputeConsts& c, float lse2_row, bool visible,
                                                 float& dcap) {
-  float x = s * scale;
   dcap = 1.f;
+  float x;
   if (Softcap) {
-    const float th = tanhf(x / softcap);
-    x = softcap * th;
+    const float th = tanhf(CapDiv ? s * c.scale_log2 / c.cap_log2 : s * c.cap_in);
     dcap = 1.f - th * th;
+    x = fmaf(th, c.cap_log2, -lse2_row);
+  } else {
+    x = fmaf(s, c.scale_log2, -lse2_row);
   }
-  return visible ? __expf(x - lse_row) : 0.f;
+  // Selecting the exponent, not the result, leaves the d = 128 dK/dV kernels without spills (ptxas, CUDA 13.0).
+  return tc::exp2_approx(visible ? x : -compat::infinity<float>());
 }
 #endif
 
@@ -110,7 +125,8 @@ struct TcDkDvKernel {
   DVV dv;
   float* dq_acc;
   int seq_q, seq_k, heads_kv, group, n_kblocks;
-  float scale, softcap;
+  float scale;
+  TcRecomputeConsts pc;
   KeyMask mask;
 
   TcDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
@@ -119,7 +135,7 @@ struct TcDkDvKernel {
       : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), dq_acc(dq_acc_),
         seq_q(static_cast<int>(q_.extent(1))), seq_k(static_cast<int>(k_.extent(1))),
         heads_kv(static_cast<int>(k_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK), scale(scale_), softcap(softcap_), mask(mask_) {}
+        n_kblocks((seq_k + BK - 1) / BK), scale(scale_), pc(scale_, softcap_), mask(mask_) {}
 
   using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, MIN_BLOCKS>>;
   using member_type = typename policy_type::member_type;
@@ -174,8 +190,9 @@ struct TcDkDvKernel {
     };
     auto load_rows = [&](const Step& c) {
       const bool in = tid < c.rows;
-      return RowPair{in ? recompute_lse(static_cast<float>(lse(b, c.hq, c.i + tid))) : compat::infinity<float>(),
-                     in ? static_cast<float>(dd(b, c.hq, c.i + tid)) : 0.f};
+      return RowPair{  // lse × log2(e), as tc_recompute_p takes it
+          in ? recompute_lse(static_cast<float>(lse(b, c.hq, c.i + tid))) * tc::log2e : compat::infinity<float>(),
+          in ? static_cast<float>(dd(b, c.hq, c.i + tid)) : 0.f};
     };
     auto store_rows = [&](const RowPair& p, int st) {
       float* lse_s = reinterpret_cast<float*>(stage_at(st) + 2 * BQ * P * 2);
@@ -266,7 +283,7 @@ struct TcDkDvKernel {
         for (int e = 0; e < 4; ++e) {
           const int qq = n * 8 + 2 * t4 + (e & 1);
           const bool vis = !need_mask || (qq < rows && mask.visible(i0 + qq, wk0 + g + (e >> 1) * 8));
-          s[n][e] = tc_recompute_p<Softcap>(s[n][e], scale, softcap, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
+          s[n][e] = tc_recompute_p<Softcap, D == 64>(s[n][e], pc, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
         }
       // dV += Pᵀ·dO
 #pragma unroll
@@ -319,11 +336,13 @@ struct TcDkDvKernel {
           tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
         }
       }
+      // With FuseDq, before its dQ products: the two registers are free for them (d = 128 spilled otherwise).
+      if (FuseDq && two && next) store_rows(next_rows, st ^ 1);
       if constexpr (FuseDq) {
         __syncthreads();  // every warp's dSᵀ rows are in
         accumulate_dq(ds_smem, ks, b, hk * group + gh, i0, rows, warp, lane);
       }
-      if (two && next) store_rows(next_rows, st ^ 1);
+      if (!FuseDq && two && next) store_rows(next_rows, st ^ 1);
       __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's lse, D are in
       if (!two && next) {
         const Step nxt = after(qt, gh);
@@ -428,14 +447,15 @@ struct TcDqKernel {
   DV dd;
   DQV dq;
   int seq_q, heads_q, group, n_qblocks;
-  float scale, softcap;
+  float scale;
+  TcRecomputeConsts pc;
   KeyMask mask;
 
   TcDqKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_, const DQV& dq_,
              float scale_, float softcap_, const KeyMask& mask_)
       : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dq(dq_), seq_q(static_cast<int>(q_.extent(1))),
         heads_q(static_cast<int>(q_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), softcap(softcap_), mask(mask_) {}
+        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), pc(scale_, softcap_), mask(mask_) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if KFA_TC_DEVICE
@@ -467,8 +487,9 @@ struct TcDqKernel {
     std::uint32_t qa[D / 16][4], oa[D / 16][4];
     tc::load_a_rows<D>(qa, r0 < seq_q ? &q(b, r0, h, 0) : nullptr, r1 < seq_q ? &q(b, r1, h, 0) : nullptr, t4);
     tc::load_a_rows<D>(oa, r0 < seq_q ? &d_o(b, r0, h, 0) : nullptr, r1 < seq_q ? &d_o(b, r1, h, 0) : nullptr, t4);
-    const float lse_r[2] = {r0 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r0))) : compat::infinity<float>(),
-                            r1 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r1))) : compat::infinity<float>()};
+    const float lse_r[2] = {  // × log2(e), as tc_recompute_p takes it
+        r0 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r0))) * tc::log2e : compat::infinity<float>(),
+        r1 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r1))) * tc::log2e : compat::infinity<float>()};
     const float dd_r[2] = {r0 < seq_q ? static_cast<float>(dd(b, h, r0)) : 0.f,
                            r1 < seq_q ? static_cast<float>(dd(b, h, r1)) : 0.f};
     float dqa[D / 8][4];
@@ -511,7 +532,7 @@ struct TcDqKernel {
           const int jj = n * 8 + 2 * t4 + (e & 1);
           const bool vis = !need_mask || (jj < cols && mask.visible(wr0 + g + (e >> 1) * 8, j0 + jj));
           float dcap;
-          const float p = tc_recompute_p<Softcap>(s[n][e], scale, softcap, lse_r[e >> 1], vis, dcap);
+          const float p = tc_recompute_p<Softcap>(s[n][e], pc, lse_r[e >> 1], vis, dcap);
           s[n][e] = p * (dp[n][e] - dd_r[e >> 1]) * dcap;  // dS
         }
       // dQ += dS·K

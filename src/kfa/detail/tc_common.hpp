@@ -101,9 +101,21 @@ struct cuda16<compat::bhalf_t> {
 #endif
 #endif
 
+namespace tc {
+constexpr float log2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x·log2e), see exp2_approx
+}  // namespace tc
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KFA_TC_DEVICE 1
 namespace tc {
+/// 2^x in one MUFU.EX2 (subnormal results flush to 0). The softmax kernels fold log2(e) into the score
+/// scale and the row offset (max or lse), so exp(scale·s − m) costs one FFMA and this; __expf adds a
+/// multiply by log2(e) and the non-ftz range fix-ups around the same instruction.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 /// d += a·b for one m16n8k16 tile, fp32 accumulation.
 template <class T>

@@ -68,16 +68,6 @@ struct Fa2ForwardArgs {
 };
 
 #if KFA_HAS_TENSOR_CORES
-namespace tc {
-#if KFA_TC_DEVICE
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-#endif
-}  // namespace tc
-
 /// Softcap is a template parameter so that the common instance carries no tanh code: the loop body is
 /// large, and cold code interleaved with it was measured (ncu) to stall warps on instruction fetch.
 template <int D, bool Softcap, class T, class OutT>
@@ -130,8 +120,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = ninf, l[mt][0] = l[mt][1] = 0.f;
-  constexpr float log2e = 1.4426950408889634f;
-  const float c = a.scale * log2e;  // exp(scale·s − m) = 2^(s·c − m·log2e)
+  const float c = a.scale * tc::log2e;  // exp(scale·s − m) = 2^(s·c − m·log2e)
   const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
 
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
@@ -219,7 +208,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
         const float tm = tc::quad_max(tmax[r]);
         const MergeFactors<float> f = merge_factors(m[mt][r], tm == ninf ? ninf : tm * a.scale);
         m[mt][r] = f.m;
-        mc[r] = f.m == ninf ? 0.f : f.m * log2e;
+        mc[r] = f.m == ninf ? 0.f : f.m * tc::log2e;
         l[mt][r] *= f.scale_a;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
