@@ -30,12 +30,12 @@ void merge_attention(const ExecSpace& space, const OA& o_a, const LA& lse_a, con
   if (o_a.size() == 0) return;
   // Two passes in memory order: the outputs element by element (each recomputes its row's weights from
   // the unchanged LSEs), then the LSEs.
-  Kokkos::parallel_for("kfa::merge_attention::o", detail::range_like(space, o_a),
-                       KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h,
-                                     const std::int64_t c) {
-                         const LseMerge<Acc> m = merge_lse<Acc>(lse_a(b, h, i), static_cast<Acc>(lse_b(b, h, i)));
-                         o_a(b, i, h, c) = m.weight_a * o_a(b, i, h, c) + m.weight_b * static_cast<Acc>(o_b(b, i, h, c));
-                       });
+  detail::for_each_element4("kfa::merge_attention::o", space, o_a,
+                            KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h,
+                                          const std::int64_t c) {
+                              const LseMerge<Acc> m = merge_lse<Acc>(lse_a(b, h, i), static_cast<Acc>(lse_b(b, h, i)));
+                              o_a(b, i, h, c) = m.weight_a * o_a(b, i, h, c) + m.weight_b * static_cast<Acc>(o_b(b, i, h, c));
+                            });
   Kokkos::parallel_for("kfa::merge_attention::lse", detail::range_like(space, lse_a),
                        KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t h, const std::int64_t i) {
                          lse_a(b, h, i) = merge_lse<Acc>(lse_a(b, h, i), static_cast<Acc>(lse_b(b, h, i))).lse;

@@ -313,9 +313,9 @@ template <class ExecSpace, class Dst, class Src>
 void add_into(const ExecSpace& space, const Dst& dst, const Src& src, const char* label) {
   using D = typename Dst::non_const_value_type;
   if (dst.size() == 0) return;
-  Kokkos::parallel_for(label, kfa::detail::range_like(space, dst),
-                       KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c,
-                                     const std::int64_t d) { dst(a, b, c, d) += static_cast<D>(src(a, b, c, d)); });
+  kfa::detail::for_each_element4(label, space, dst,
+                                 KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c,
+                                               const std::int64_t d) { dst(a, b, c, d) += static_cast<D>(src(a, b, c, d)); });
 }
 
 /// dst = src (rank 4), converting element types.
@@ -323,9 +323,9 @@ template <class ExecSpace, class Dst, class Src>
 void copy_into(const ExecSpace& space, const Dst& dst, const Src& src, const char* label) {
   using D = typename Dst::non_const_value_type;
   if (dst.size() == 0) return;
-  Kokkos::parallel_for(label, kfa::detail::range_like(space, dst),
-                       KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c,
-                                     const std::int64_t d) { dst(a, b, c, d) = static_cast<D>(src(a, b, c, d)); });
+  kfa::detail::for_each_element4(label, space, dst,
+                                 KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c,
+                                               const std::int64_t d) { dst(a, b, c, d) = static_cast<D>(src(a, b, c, d)); });
 }
 
 /// Host memory for staging device buffers: pinned where the backend has it (asynchronous copies, DMA).
