@@ -8,8 +8,10 @@
 //
 // Also times attention_forward (+ attention_backward) of one rank's shard as one local call in the same
 // run ("single"): at P = 1 the ring should match it.
-// Hidden fraction per step = 1 − wait / (time of the same exchange with no compute, measured here), where
-// wait is the time blocked on transfers after the step's compute and "imbalance" the end-of-step agreement
+// Hidden fraction = 1 − Σ wait / Σ exchange alone, over the steps that send something, where "exchange
+// alone" is the time of an exchange of that step's bytes with no compute (measured here; with --backward the
+// K/V and the dK/dV accumulators, and at the last step the accumulators going home), wait is the time blocked
+// on transfers outside the step's compute and "imbalance" the end-of-step agreement
 // (waiting for the slowest rank). With host staging on a device the host drives MPI inside the step (the
 // kernels run meanwhile), so a transfer longer than the compute shows up as compute, not wait: there
 // "hidden" overstates; compare the step times with the single call instead. Times
@@ -76,18 +78,6 @@ void run(const Args& args, int rank, int p) {
     kfa::AttentionOptions opts;
     opts.causal = causal;
 
-    // The same exchange with nothing to hide it: the denominator of the hidden fraction.
-    double t_comm = 0;
-    if (p > 1) {
-      long nmax = n;  // one message size on every rank (shards may differ by a token)
-      MPI_Allreduce(MPI_IN_PLACE, &nmax, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
-      std::vector<double> ts;
-      for (int r = 0; r < reps + 1; ++r)
-        ts.push_back(kfa::dist::time_ring_exchange<T>(Exec(), ring, std::size_t(2 * nmax * kv_heads * d)));
-      std::sort(ts.begin() + 1, ts.end());
-      t_comm = ts[1 + reps / 2];
-    }
-
     kfa::dist::RingStats best;
     double best_t = 1e300;
     for (int r = 0; r < reps + 1; ++r) {  // the first call warms up
@@ -100,19 +90,26 @@ void run(const Args& args, int rank, int p) {
       if (r > 0 && t < best_t) best_t = t, best = st;
     }
     const double flops = 4.0 * heads * double(n_total) * n_total * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
-    double compute = 0, wait = 0, sync = 0, hidden_sum = 0;
-    int hidden_n = 0;
-    std::vector<double> sc(p), sw(p), ss(p);
+    double compute = 0, wait = 0, sync = 0, t_comm = 0, wait_sending = 0;
+    std::vector<double> sc(p), sw(p), ss(p), sx(p);
     for (int s = 0; s < p; ++s) {
       sc[s] = max_over_ranks(best.steps[s].compute_s + best.steps[s].merge_s, MPI_COMM_WORLD);
       sw[s] = max_over_ranks(best.steps[s].wait_s, MPI_COMM_WORLD);
       ss[s] = max_over_ranks(best.steps[s].sync_s, MPI_COMM_WORLD);
       compute += sc[s], wait += sw[s], sync += ss[s];
-      if (s + 1 < p && t_comm > 0) {
-        hidden_sum += std::min(1.0, std::max(0.0, 1.0 - sw[s] / t_comm));
-        ++hidden_n;
+      // The same bytes exchanged with nothing to hide them (median of reps): the hidden fraction's denominator.
+      unsigned long bytes = best.steps[s].bytes;
+      MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_UNSIGNED_LONG, MPI_MAX, MPI_COMM_WORLD);
+      if (p > 1 && bytes > 0) {
+        std::vector<double> ts;
+        for (int r = 0; r < reps + 1; ++r)
+          ts.push_back(kfa::dist::time_ring_exchange<T>(Exec(), ring, bytes / sizeof(T)));
+        std::sort(ts.begin() + 1, ts.end());
+        sx[s] = ts[1 + reps / 2];
+        t_comm += sx[s], wait_sending += sw[s];
       }
     }
+    const double hidden = t_comm > 0 ? std::min(1.0, std::max(0.0, 1.0 - wait_sending / t_comm)) : 1.0;
     // The same rank's shard as one local call (no ring): the kernel's own speed on this much work.
     double best_single = 1e300;
     for (int r = 0; r < reps + 1; ++r) {
@@ -135,11 +132,12 @@ void run(const Args& args, int rank, int p) {
                   "%.4f s, hidden %.2f\n",
                   p, n_total, n_total / p, heads, kv_heads, d, kfa::dist::to_string(layout).c_str(), causal ? 1 : 0,
                   backward ? "fwd+bwd" : "fwd", best_t, flops / best_t * 1e-9, flops / best_t * 1e-9 / p, compute, wait,
-                  sync, t_comm, hidden_n ? hidden_sum / hidden_n : 1.0);
+                  sync, t_comm, hidden);
       if (steps)
         for (int s = 0; s < p; ++s)
-          std::printf("  step %d: compute %.4f s, wait %.4f s, imbalance %.4f s, %zu bytes sent by rank 0, %d blocks\n",
-                      s, sc[s], sw[s], ss[s], best.steps[s].bytes, best.steps[s].blocks);
+          std::printf("  step %d: compute %.4f s, wait %.4f s, imbalance %.4f s, %zu bytes sent by rank 0 (alone "
+                      "%.4f s), %d blocks\n",
+                      s, sc[s], sw[s], ss[s], best.steps[s].bytes, sx[s], best.steps[s].blocks);
     }
   }
 }

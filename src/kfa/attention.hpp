@@ -339,23 +339,27 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
 }
 
 /// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
-/// computes D once for a rank's whole shard instead of once per block.
+/// computes D once for a rank's whole shard instead of once per block. `parts` picks the kernels (see
+/// BackwardParts); returns whether this call wrote dq.
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
-void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
                      const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
-                     const AttentionOptions& opts, const Positions& pos) {
+                     const AttentionOptions& opts, const Positions& pos, BackwardParts parts = BackwardParts::all) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   const BackwardPlan plan = backward_plan(fn, space, q, k, v, d_o, dq, dk, dv, opts);
   const BackwardTileConfig& tiles = plan.tiles;
   compat::ScopedRegion region(plan.region);
+  const bool dq_with_dkdv = plan.family == TileProductPath::tensor_core && plan.atomic_dq;
+  const bool wrote_dq = parts == BackwardParts::all || (parts == BackwardParts::dkdv) == dq_with_dkdv;
   const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
   const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
-  if (batch == 0) return;
+  if (batch == 0) return wrote_dq;
   if (hq == 0) {  // no query head uses k and v: their gradients are zero
+    if (parts == BackwardParts::dq) return wrote_dq;
     zero4(space, dk, "kfa::attention_backward::zero_dk");
     zero4(space, dv, "kfa::attention_backward::zero_dv");
-    return;
+    return wrote_dq;
   }
 
   const Acc scale = static_cast<Acc>(resolved_scale<T>(opts, q.extent(3)));
@@ -363,19 +367,19 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   if (plan.family == TileProductPath::tensor_core) {
     if constexpr (has_tensor_core_path<ExecSpace, T>::value)
       tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                         static_cast<float>(opts.softcap), mask, !plan.atomic_dq);
-    return;
+                         static_cast<float>(opts.softcap), mask, !plan.atomic_dq, parts);
+    return wrote_dq;
   }
   if (plan.family == TileProductPath::simt_fp32) {
     if (q.extent(3) == 64)
       simt_backward_launch_d<64>(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                                 static_cast<float>(opts.softcap), mask);
+                                 static_cast<float>(opts.softcap), mask, parts);
     else
       simt_backward_launch_d<128>(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                                  static_cast<float>(opts.softcap), mask);
-    return;
+                                  static_cast<float>(opts.softcap), mask, parts);
+    return wrote_dq;
   }
-  if (nk > 0) {
+  if (nk > 0 && parts != BackwardParts::dq) {
     using K1 = DkDvKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
     const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, static_cast<Acc>(opts.softcap), mask, tiles.dkdv);
     const long league = static_cast<long>(batch) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
@@ -385,7 +389,7 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
         .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
     Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
   }
-  if (nq > 0) {
+  if (nq > 0 && parts != BackwardParts::dkdv) {
     using K2 = DqKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DQV>;
     const K2 k2(q, k, v, d_o, lse, dd, dq, scale, static_cast<Acc>(opts.softcap), mask, tiles.dq);
     const long league = static_cast<long>(batch) * hq * k2.n_qblocks;
@@ -394,6 +398,7 @@ void backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
     p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
     Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
   }
+  return wrote_dq;
 }
 
 /// attention_backward after its checks, for a block at `pos` of a longer sequence (lse and o of the whole

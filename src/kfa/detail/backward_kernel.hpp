@@ -38,6 +38,11 @@ struct RowDotKernel {
   }
 };
 
+/// Which kernels of a backward call run: both, or one of them (the ring's last step runs the dK/dV kernels
+/// first, so that their accumulator travels home while the dQ kernels compute). A family that accumulates dQ
+/// inside its dK/dV kernel (atomic dQ) writes dq with `dkdv` and does nothing for `dq`.
+enum class BackwardParts { all, dkdv, dq };
+
 /// Sets a rank-4 View to zero on `space` (Kokkos 3.4 cannot deep_copy a scalar into a LayoutStride View).
 template <class ExecSpace, class View>
 void zero4(const ExecSpace& space, const View& x, const char* label) {

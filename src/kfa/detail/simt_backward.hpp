@@ -507,14 +507,14 @@ template <int D, class ExecSpace, class QV, class KV, class VV, class DOV, class
           class DVV>
 void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
                             const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale,
-                            float softcap, const KeyMask& mask) {
+                            float softcap, const KeyMask& mask, BackwardParts parts = BackwardParts::all) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
                 std::is_same<typename QV::non_const_value_type, float>::value &&
                 std::is_same<typename DD::non_const_value_type, float>::value &&
                 std::is_same<typename DQV::non_const_value_type, float>::value) {
     using S = SimtBackwardShape<D>;
-    if (k.extent(1) > 0) {
+    if (k.extent(1) > 0 && parts != BackwardParts::dq) {
       using K1 = SimtDkDvKernel<D, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
       const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
@@ -526,7 +526,7 @@ void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, co
         Kokkos::parallel_for("kfa::attention_backward::dkdv[simt_fp32]", p1, k1);
       }
     }
-    if (q.extent(1) > 0) {
+    if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
       using K2 = SimtDqKernel<D, QV, KV, VV, DOV, LV, DD, DQV>;
       const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
       const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
@@ -542,7 +542,7 @@ void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, co
   }
 #endif
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask;
+      (void)softcap, (void)mask, (void)parts;
   fail("kfa: the CUDA fp32 backward does not exist for these types in this build");
 }
 

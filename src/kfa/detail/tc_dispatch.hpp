@@ -288,10 +288,11 @@ template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, cl
           class DKV, class DVV>
 void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                           const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                          const KeyMask& mask, bool deterministic) {
+                          const KeyMask& mask, bool deterministic, BackwardParts parts) {
 #if KFA_HAS_TENSOR_CORES
   using S = TcBackwardShape<D>;
-  if (!deterministic) {
+  if (!deterministic) {  // dQ comes with dK/dV
+    if (parts == BackwardParts::dq) return;
     const long n = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(1)) * static_cast<long>(q.extent(2)) * D;
     Kokkos::View<float*, typename ExecSpace::memory_space> acc(
         Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
@@ -304,9 +305,9 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
                                                   static_cast<int>(q.extent(2)), D, scale});
     return;  // acc's deallocation waits for the device (Kokkos synchronizes before freeing device memory)
   }
-  if (k.extent(1) > 0)
+  if (k.extent(1) > 0 && parts != BackwardParts::dq)
     tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr);
-  if (q.extent(1) > 0) {
+  if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
     using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
     const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
     const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
@@ -317,7 +318,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
   }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)deterministic;
+      (void)softcap, (void)mask, (void)deterministic, (void)parts;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
@@ -325,13 +326,13 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
 void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                         const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                        const KeyMask& mask, bool deterministic) {
+                        const KeyMask& mask, bool deterministic, BackwardParts parts = BackwardParts::all) {
   tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (softcap > 0.f)
-      tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
+      tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic, parts);
     else
-      tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic);
+      tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic, parts);
   });
 }
 

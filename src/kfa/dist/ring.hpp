@@ -956,9 +956,11 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
 
   detail::prepare_transport<Mem>(ring, fn);
   // K/V travel one hop per step (posted at the step's start). The dK/dV accumulator of the shard visiting
-  // at step s arrives while step s computes (sent by the previous rank at the end of its step s − 1); this
-  // rank's contributions go to `loc` meanwhile and are added when it has arrived; then it moves on (or
-  // home after the last needed step) while the next step computes.
+  // at step s > 0 arrives while step s's first kernels compute (sent by the previous rank at the end of its
+  // step s − 1); this rank's contributions are added into it once it has arrived (at step 0 into a zeroed
+  // one: the rank's own shard); then it moves on (or home after the last needed step) while the
+  // next step computes. The last step runs its dK/dV kernels first, so that the accumulators go home while
+  // its dQ kernels compute.
   constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
   using Kv = detail::KvBuffer<T, Mem>;
   using KvAcc = detail::KvBuffer<Acc, Mem>;
@@ -970,7 +972,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     for (const Segment& ks : map.k_segments(r)) kseg_max = std::max(kseg_max, ks.length);
   const detail::ReleaseWorkBuffers release(ring);  // declared first: runs after the buffers' users are gone
   std::unique_ptr<Kv> kv, kv_next;
-  std::unique_ptr<KvAcc> loc, acc_a, acc_b;
+  std::unique_ptr<KvAcc> acc_a, acc_b;  // the accumulator leaving (acc_a) and the one arriving / visiting (acc_b)
   std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex_kv;
   std::unique_ptr<detail::Exchanger<ExecSpace, Acc>> ex_acc;
   Part dq_acc, dq_part, dk_part, dv_part;
@@ -978,11 +980,10 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   detail::agreed_allocation(ring, fn, [&] {
     kv.reset(new Kv(ring, "kfa::dist::buffer::kv_a", b, nmax, hkv, d));  // kept by the Ring, as the forward's
     kv_next.reset(new Kv(ring, "kfa::dist::buffer::kv_b", b, nmax, hkv, d));
-    loc.reset(new KvAcc(ring, "kfa::dist::buffer::dkv_local", b, nmax, hkv, d));
     acc_a.reset(new KvAcc(ring, "kfa::dist::buffer::dkv_a", b, nmax, hkv, d));
     acc_b.reset(new KvAcc(ring, "kfa::dist::buffer::dkv_b", b, nmax, hkv, d));
     ex_kv.reset(new detail::Exchanger<ExecSpace, T>(space, ring, kv->count(nmax), "kfa::dist::ring_backward::kv"));
-    ex_acc.reset(new detail::Exchanger<ExecSpace, Acc>(space, ring, loc->count(nmax), "kfa::dist::ring_backward::dkv"));
+    ex_acc.reset(new detail::Exchanger<ExecSpace, Acc>(space, ring, acc_a->count(nmax), "kfa::dist::ring_backward::dkv"));
     dq_acc = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::acc_q", b, nq, hq, d);
     dq_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_q", b, qseg_max, hq, d);
     dk_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_k", b, kseg_max, hkv, d);
@@ -1001,11 +1002,15 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     const long nk = map.k_length(owner);
     if (s < last)
       ex_kv->start(kv->data, kv->count(nk), kv_next->data, kv_next->count(map.k_length(incoming)), 2 * s);
-    const std::string err = detail::capture([&] {
-      detail::injected_fault(ring, s);
-      Kokkos::deep_copy(space, Kokkos::subview(loc->data, std::make_pair(std::size_t(0), loc->count(nk))), Acc(0));
-      const auto kt = kv->tile(nk, 0), vt = kv->tile(nk, 1);      // element type T
-      const auto dkl = loc->tile(nk, 0), dvl = loc->tile(nk, 1);  // accumulation type
+    const auto kt = kv->tile(nk, 0), vt = kv->tile(nk, 1);  // element type T
+    bool dq_pending = false;                                // the last step's dQ kernels, after the accumulators left
+    bool acc_arrived = s == 0;  // s > 0: the visiting shard's accumulator in acc_b (and acc_a's send) complete
+    auto arrive = [&] {
+      if (!acc_arrived) ex_acc->finish(timed), acc_arrived = true;
+    };
+    // This step's visible blocks: their contributions into dq_acc and into the visiting shard's dK/dV
+    // accumulator acc_b, for `parts`.
+    auto run_blocks = [&](kfa::detail::BackwardParts parts) {
       for (const Segment& qs : map.q_segments(me))
         for (const Segment& ks : map.k_segments(owner)) {
           kfa::detail::Positions pos;
@@ -1013,49 +1018,60 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
           const Segment qpart{qs.global_begin, qs.length, 0}, kpart{ks.global_begin, ks.length, 0};
           const auto dqp = detail::seq_slice(dq_part, qpart);
           const auto dkp = detail::seq_slice(dk_part, kpart), dvp = detail::seq_slice(dv_part, kpart);
-          kfa::detail::backward_impl_d(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
-                                       detail::seq_slice(vt, ks), detail::seq_slice(d_o, qs),
-                                       detail::lse_slice(lse, qs), detail::lse_slice(dd, qs), dqp, dkp, dvp, opts, pos);
-          detail::add_into(space, detail::seq_slice(dq_acc, qs), dqp, "kfa::dist::ring_backward::add_dq");
-          detail::add_into(space, detail::seq_slice(dkl, ks), dkp, "kfa::dist::ring_backward::add_dk");
-          detail::add_into(space, detail::seq_slice(dvl, ks), dvp, "kfa::dist::ring_backward::add_dv");
-          ++blocks;
+          const bool wrote_dq = kfa::detail::backward_impl_d(
+              fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks), detail::seq_slice(vt, ks),
+              detail::seq_slice(d_o, qs), detail::lse_slice(lse, qs), detail::lse_slice(dd, qs), dqp, dkp, dvp, opts,
+              pos, parts);
+          if (wrote_dq) detail::add_into(space, detail::seq_slice(dq_acc, qs), dqp, "kfa::dist::ring_backward::add_dq");
+          if (parts == kfa::detail::BackwardParts::dkdv && !wrote_dq) dq_pending = true;
+          if (parts != kfa::detail::BackwardParts::dq) {
+            arrive();  // enqueued after this block's kernels: on a device they hide the rest of the transfer
+            detail::add_into(space, detail::seq_slice(acc_b->tile(nk, 0), ks), dkp, "kfa::dist::ring_backward::add_dk");
+            detail::add_into(space, detail::seq_slice(acc_b->tile(nk, 1), ks), dvp, "kfa::dist::ring_backward::add_dv");
+            ++blocks;
+          }
           if (s < last) ex_kv->test();
-          if (s > 0) ex_acc->test();
         }
-      if (!host_space) {  // device: drive MPI while the kernels above compute
-        if (s < last) ex_kv->wait_transfer();
-        if (s > 0) ex_acc->wait_transfer();
-      }
+    };
+    const std::string err = detail::capture([&] {
+      detail::injected_fault(ring, s);
+      if (s == 0)
+        Kokkos::deep_copy(space, Kokkos::subview(acc_b->data, std::make_pair(std::size_t(0), acc_b->count(nk))), Acc(0));
+      run_blocks(s < last ? kfa::detail::BackwardParts::all : kfa::detail::BackwardParts::dkdv);
+      if (!host_space && s < last) ex_kv->wait_transfer();  // device: drive MPI while the kernels above compute
     });
     const double t1 = detail::stamp(space, timed);
     if (s < last) ex_kv->finish(timed);
-    if (s > 0) ex_acc->finish(timed);  // the visiting shard's accumulator (in acc_b), and acc_a's send, are done
+    if (!acc_arrived) ex_acc->finish(timed);  // no visible block, or a failure before the first one
     const double t2 = detail::stamp(space, timed);
     detail::agree_on_step(ring, fn, s, err);
     const double t3 = detail::stamp(space, timed);
     std::size_t bytes = s < last ? ex_kv->bytes() : 0;
-    // acc_b := the visiting shard's accumulator including this rank's contributions
-    if (s == 0) {
-      Kokkos::deep_copy(space, Kokkos::subview(acc_b->data, std::make_pair(std::size_t(0), loc->count(nk))),
-                        Kokkos::subview(loc->data, std::make_pair(std::size_t(0), loc->count(nk))));
-    } else {
-      detail::add_into(space, acc_b->tile(nk, 0), loc->tile(nk, 0), "kfa::dist::ring_backward::merge_dk");
-      detail::add_into(space, acc_b->tile(nk, 1), loc->tile(nk, 1), "kfa::dist::ring_backward::merge_dv");
-    }
+    double dq_s = 0, dq_sync = 0;  // the last step's dQ kernels (while the accumulators go home), their agreement
     if (s < last) {
       // on to the next rank; the accumulator of the next visiting shard comes into acc_a
       ex_acc->start(acc_b->data, acc_b->count(nk), acc_a->data, acc_a->count(map.k_length(incoming)), 2 * s + 1);
       std::swap(acc_a, acc_b);  // acc_b: the one arriving; acc_a: the one leaving
       std::swap(kv, kv_next);
     } else {
-      // home: this rank's own accumulator comes from rank me + last into acc_a while dQ is stored
+      // home: this rank's own accumulator comes from rank me + last into acc_a while dQ computes
       ex_acc->start(acc_b->data, acc_b->count(nk), acc_a->data, acc_a->count(map.k_length(me)), 2 * s + 1, -last);
-      detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
-      ex_acc->finish();
+      const double t4 = detail::stamp(space, timed);
+      const std::string dq_err = detail::capture([&] {
+        if (dq_pending) run_blocks(kfa::detail::BackwardParts::dq);
+        detail::copy_into(space, dq, dq_acc, "kfa::dist::ring_backward::store_dq");
+        if (!host_space) ex_acc->wait_transfer();
+      });
+      const double t5 = detail::stamp(space, timed);
+      detail::agree_on_step(ring, fn, s, dq_err);
+      const double t6 = detail::stamp(space, timed);
+      dq_s = t5 - t4, dq_sync = t6 - t5;
+      ex_acc->finish(timed);
     }
     bytes += ex_acc->bytes();  // the accumulator sent at the end of this step (0 for a local copy)
-    if (timed) stats->steps[s] = {t1 - t0, 0.0, (t2 - t1) + (detail::stamp(space, true) - t3), bytes, blocks, t3 - t2};
+    if (timed)
+      stats->steps[s] = {t1 - t0 + dq_s, 0.0, (t2 - t1) + (detail::stamp(space, true) - t3) - dq_s - dq_sync, bytes,
+                         blocks, t3 - t2 + dq_sync};
     if (timed && stats->on_step) stats->on_step(s + 1, last + 1);
   }
   detail::copy_into(space, dk, acc_a->tile(map.k_length(me), 0), "kfa::dist::ring_backward::store_dk");
