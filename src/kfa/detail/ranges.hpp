@@ -44,23 +44,23 @@ void for_each_element4(const char* label, const ExecSpace& space, const View& x,
   if (rows == 0 || n3 == 0) return;
   constexpr bool device = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
   constexpr int team = device ? 8 : 1, vec = device ? 32 : 1;
-  const std::int64_t league = (rows + team - 1) / team;
   if constexpr (std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value) {
     Kokkos::parallel_for(label, range_like(space, x), f);
-    return;
-  }
-  if (league > 2147483647LL) fail(label, ": ", rows, " rows exceed the ", team, " × (2^31 − 1) of one launch");
-  using Policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      label, Policy(space, static_cast<int>(league), team, vec), KOKKOS_LAMBDA(const typename Policy::member_type& m) {
-        const std::int64_t r0 = static_cast<std::int64_t>(m.league_rank()) * team;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, team), [&](const int t) {
-          const std::int64_t r = r0 + t;
-          if (r >= rows) return;
-          const std::int64_t h = r % n2, i = (r / n2) % n1, b = r / (n1 * n2);
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, n3), [&](const std::int64_t c) { f(b, i, h, c); });
+  } else {
+    const std::int64_t league = (rows + team - 1) / team;
+    if (league > 2147483647LL) fail(label, ": ", rows, " rows exceed the ", team, " × (2^31 − 1) of one launch");
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    Kokkos::parallel_for(
+        label, Policy(space, static_cast<int>(league), team, vec), KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+          const std::int64_t r0 = static_cast<std::int64_t>(m.league_rank()) * team;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, team), [&](const int t) {
+            const std::int64_t r = r0 + t;
+            if (r >= rows) return;
+            const std::int64_t h = r % n2, i = (r / n2) % n1, b = r / (n1 * n2);
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, n3), [&](const std::int64_t c) { f(b, i, h, c); });
+          });
         });
-      });
+  }
 }
 
 }  // namespace detail

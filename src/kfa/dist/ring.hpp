@@ -1006,7 +1006,9 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
     bool dq_pending = false;                                // the last step's dQ kernels, after the accumulators left
     bool acc_arrived = s == 0;  // s > 0: the visiting shard's accumulator in acc_b (and acc_a's send) complete
     auto arrive = [&] {
-      if (!acc_arrived) ex_acc->finish(timed), acc_arrived = true;
+      if (acc_arrived) return;
+      ex_acc->finish(timed);
+      acc_arrived = true;
     };
     // This step's visible blocks: their contributions into dq_acc and into the visiting shard's dK/dV
     // accumulator acc_b, for `parts`.
