@@ -13,18 +13,20 @@ compute rate and link bandwidths, the step time, hidden fraction and efficiency 
 CALIBRATED (no --rate; the default):
   python3 perf/ring_model.py [--calibrate LOG] [--validate LOG ...] [--staging-log LOG] [--csv FILE]
 Every parameter is read from the calibration log (default perf/raw_h200_ring_2026-11-30/
-bench_ring_run4_nccl.log: 2 x H200 NVLink, bf16, H = H_kv = 8, d = 128, causal zigzag, 131,072 tokens per
-rank, NCCL 2.28, 2026-11-30) unless given on the command line; the script prints each one and says where
-it came from. The P = 2 prediction is checked against runs the parameters were NOT taken from (--validate,
-default run5's logs: the current one-queue code, KFA_RING_LANES=1, and the concurrent-lanes variant); the
-host-staging runs are predicted with the staging bandwidth of the same log (in-sample for the bandwidth).
+s5call7_bench_ring.log: 2 x H200 NVLink, bf16, H = H_kv = 8, d = 128, causal zigzag, 131,072 tokens per
+rank, NCCL 2.28, 2026-11-30, the fifth session's code: the backward's last step sends the accumulators home
+while its dQ kernels compute) unless given on the command line; the script prints each one and says where
+it came from. The P = 2 prediction is checked against a run the parameters were NOT taken from (--validate,
+default s5call6: the same ring code in another device call); the host-staging runs are predicted with the
+staging bandwidth of run4's staging log (older ring code: in-sample for the bandwidth only).
 
 MEASURED (from the calibration log; n0 = its tokens per rank):
   r1f, r1b   single-call rate: P = 1 forward (one kernel call), P = 1 backward alone (the fwd+bwd record's
              only step); FLOPs 4*H*n^2*d/2 forward, 2.5x that backward (the bench counts fwd+bwd as 3.5x)
   rf, rb     the ring's per-step rate: P = 2 forward / backward step FLOPs (under zigzag every step has
              the FLOPs of the P = 1 call) over the mean step compute (kernels + fp32 merges / adds)
-  bw         link bandwidth = one K/V shard (2 * n * H_kv * d * bytes) / "exchange alone": a simultaneous
+  bw         link bandwidth = one K/V shard (2 * n * H_kv * d * bytes) / "exchange alone" (the forward
+             record's; logs since the fifth session time each step's own bytes alone): a simultaneous
              send of that many bytes to the next rank and receive from the previous one, on every rank
              (at P = 2 both directions of one GPU pair), barrier to fence, slowest rank: bytes per second
              per direction per GPU
@@ -32,13 +34,15 @@ MEASURED (from the calibration log; n0 = its tokens per rank):
              (compute + wait + imbalance); backward: fwd+bwd total - forward total (from the forward record
              of the same log) - sum of the backward's steps
   imb_f/b    load imbalance (end-of-step agreement) as a fraction of step compute
-  acc_pass   backward, every step but the last: exposed time after the compute (the dK/dV accumulator
-             copy/add before it moves on; the P = 2 step-0 "wait"), scaled with n / n0
-  home_x     backward, last step: exposed time beyond latency + accumulator bytes / bw (the add, dQ store,
-             slower 1 GiB trip), scaled with n / n0
+  acc_pass   backward, every step but the last: exposed time after the compute (before the fifth session
+             the dK/dV accumulator copy/add before it moved on; now ~0), scaled with n / n0
+  home_x     backward, last step: exposed time beyond what the model expects of the accumulators' trip
+             home (its part not covered by the last step's dQ kernels), scaled with n / n0
   staging bw the same exchange through pinned host buffers (--staging-log, default run4's staging log)
 ASSUMED (not measurable from these logs; printed as assumptions):
   latency    per message (--latency, 5 us): a single message size was timed, so it cannot be separated
+  dQ share   of a backward step's compute (--dq-fraction, 3/7: 3 of the deterministic backward's 7 tile
+             products): the last step's dQ kernels, behind which the accumulators travel home
   step cost  per step, not hidden: --step-overhead-us (10 us: kernel launches, event waits) plus the
              end-of-step MPI_Allreduce, 2 * ceil(log2 P) * latency (subtracted from the measured imbalance);
              added, not overlapped: timed runs fence every step, and untimed the host's per-step allreduce
@@ -55,7 +59,8 @@ Model (P > 1; c = step compute; m = latency + bytes / bw; exposed(m) = max(0, m 
   forward  = Of + P * (cf * (1 + imb_f) + step cost) + (P - 1) * exposed(m_kv)
   backward = Ob + P * (cb * (1 + imb_b) + step cost) + (P - 1) * acc_pass * n/n0
              + exposed(m_kv) [step 0] + (P - 2) * exposed(m_kv+acc) [K/V out, accumulator in, same link]
-             + exposed(m_acc) [last step] + m_acc + home_x * n/n0 [the accumulators' trip home: exposed]
+             + exposed(m_acc) [last step] + exposed(m_acc, q * cb) + home_x * n/n0 [the accumulators' trip
+             home, behind the last step's dQ kernels, q = dQ share]
   P = 1: F / r1f (+ 2.5 F / r1b).  Weak-scaling efficiency = P * T(P=1, n) / T(P); strong = T(P=1, N) / (P T(P)).
 Communication hides completely above n* tokens per rank: forward cf(n*) = m_kv(n*); backward (middle steps)
 cb(n*) = m_kv+acc(n*). No P > 2 run exists: the P = 8...1024 rows are extrapolations of this model.
@@ -70,8 +75,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RAW = os.path.join(HERE, "raw_h200_ring_2026-11-30")
-DEFAULT_CALIBRATE = os.path.join(RAW, "bench_ring_run4_nccl.log")
-DEFAULT_VALIDATE = [os.path.join(RAW, "bench_ring_run5_nccl_lanes1.log"), os.path.join(RAW, "bench_ring_run5_nccl_lanes.log")]
+DEFAULT_CALIBRATE = os.path.join(RAW, "s5call7_bench_ring.log")
+DEFAULT_VALIDATE = [os.path.join(RAW, "s5call6_bench_ring.log")]
 DEFAULT_STAGING = os.path.join(RAW, "bench_ring_run4_staging.log")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
@@ -134,7 +139,7 @@ MAIN_RE = re.compile(r"kfa_bench_ring P=(\d+) N=(\d+) tokens/rank=(\d+) heads=(\
                      r"causal=(\d) (fwd\+bwd|fwd): time ([\d.]+) s, .*?compute ([\d.]+) s, wait ([\d.]+) s"
                      r"(?:, imbalance ([\d.]+) s)?, exchange alone ([\d.]+) s, hidden ([\d.]+)")
 STEP_RE = re.compile(r"\s+step (\d+): compute ([\d.]+) s, wait ([\d.]+) s(?:, imbalance ([\d.]+) s)?, (\d+) bytes "
-                     r"sent by rank 0, (\d+) blocks")
+                     r"sent by rank 0(?: \(alone ([\d.]+) s\))?, (\d+) blocks")
 
 
 def parse_log(path):
@@ -160,7 +165,8 @@ def parse_log(path):
             if m and recs:
                 recs[-1]["steps"].append(dict(compute=float(m.group(2)), wait=float(m.group(3)),
                                               imb=float(m.group(4) or 0.0), bytes=int(m.group(5)),
-                                              blocks=int(m.group(6))))
+                                              alone=None if m.group(6) is None else float(m.group(6)),
+                                              blocks=int(m.group(7))))
     return recs
 
 
@@ -182,6 +188,7 @@ class Model:
         self.of = self.ob = 0.0
         self.imb_f = self.imb_b = 0.0
         self.acc_pass = self.home_x = 0.0
+        self.dq_frac = 3.0 / 7.0  # ASSUMED share of a backward step's compute in its dQ kernels
         self.n0 = 1
 
     def flops(self, n):  # one step = one P = 1 call on n tokens (zigzag causal or non-causal)
@@ -213,7 +220,7 @@ class Model:
         m_mid = self.xfer(self.kv_bytes(n) + self.acc_bytes(n), bw)
         fx, scale = self.fixed(p), n / self.n0
         tf = self.of + p * (cf * (1 + self.imb_f) + fx) + (p - 1) * exposed(m_kv, cf)
-        home = m_acc + self.home_x * scale
+        home = exposed(m_acc, self.dq_frac * cb) + self.home_x * scale
         tb = (self.ob + p * (cb * (1 + self.imb_b) + fx) + (p - 1) * self.acc_pass * scale + exposed(m_kv, cb)
               + max(0, p - 2) * exposed(m_mid, cb) + exposed(m_acc, cb) + home)
         mb = m_mid if p > 2 else max(m_kv, m_acc)
@@ -282,12 +289,13 @@ def calibrate(mdl, recs, out):
     sent = f2["steps"][0]["bytes"]
     if sent != msg:
         out(f"  NOTE: step 0 sent {sent} bytes, model's K/V shard is {msg:.0f} bytes")
-    exch = statistics.mean([f2["exch"], fb2["exch"]])
+    per_step = f2["steps"][0].get("alone") is not None  # the bench times each step's own bytes alone
+    exch = f2["exch"] if per_step else statistics.mean([f2["exch"], fb2["exch"]])
     bw = msg / exch
+    how = (f"the forward record's" if per_step else f"mean of {f2['exch']:.4f} and {fb2['exch']:.4f}")
     out(f"  link bandwidth            bw  = {bw / 1e9:7.1f} GB/s per direction per GPU: {msg:.0f} B (one K/V shard) "
         f"sent to the next rank while as many arrive from the previous one, in {exch:.4f} s (exchange alone, "
-        f"mean of {f2['exch']:.4f} and {fb2['exch']:.4f}; printed to 0.1 ms: +-{0.00005 / exch * 100:.0f}%); "
-        f"{2 * bw / 1e9:.0f} GB/s both directions")
+        f"{how}; printed to 0.1 ms: +-{0.00005 / exch * 100:.0f}%); {2 * bw / 1e9:.0f} GB/s both directions")
     # overheads and imbalance
     p2 = f2["p"]
     sum_f = sum(s["compute"] + s["wait"] + s["imb"] for s in f2["steps"])
@@ -308,13 +316,14 @@ def calibrate(mdl, recs, out):
     m_kv, m_acc = mdl.xfer(msg, bw), mdl.xfer(mdl.acc_bytes(n), bw)
     mid = [s["wait"] - max(0.0, m_kv - s["compute"]) for s in fb2["steps"][:last]]
     mdl.acc_pass = max(0.0, statistics.mean(mid)) if mid else 0.0
-    w_last = fb2["steps"][last]["wait"]
-    mdl.home_x = max(0.0, w_last - m_acc - max(0.0, m_acc - fb2["steps"][last]["compute"]))
+    w_last, c_last = fb2["steps"][last]["wait"], fb2["steps"][last]["compute"]
+    home_expected = max(0.0, m_acc - mdl.dq_frac * c_last)  # the trip home not covered by the dQ kernels
+    mdl.home_x = max(0.0, w_last - home_expected - max(0.0, m_acc - c_last))
     out(f"  backward accumulator pass per step (not last) acc_pass = {mdl.acc_pass * 1e3:.1f} ms (step waits "
         f"{', '.join('%.4f' % s['wait'] for s in fb2['steps'][:last])} s; the K/V transfer itself is hidden)")
-    out(f"  backward last step: wait {w_last * 1e3:.1f} ms = accumulators home {mdl.acc_bytes(n):.0f} B at bw "
-        f"{m_acc * 1e3:.1f} ms + home_x {mdl.home_x * 1e3:.1f} ms (add, dQ store, slower trip: "
-        f"effective {mdl.acc_bytes(n) / w_last / 1e9:.0f} GB/s)")
+    out(f"  backward last step: wait {w_last * 1e3:.1f} ms; accumulators home {mdl.acc_bytes(n):.0f} B at bw "
+        f"{m_acc * 1e3:.1f} ms behind dQ kernels of ~{mdl.dq_frac * c_last * 1e3:.0f} ms (ASSUMED dQ share "
+        f"{mdl.dq_frac:.3f}): expected exposed {home_expected * 1e3:.1f} ms, home_x {mdl.home_x * 1e3:.1f} ms")
     return bw
 
 
@@ -411,6 +420,7 @@ def calibrated(a):
     out("# ring_model.py, calibrated: measured rates and bandwidths from kfa_bench_ring logs; assumptions marked")
     out(f"# command: python3 perf/ring_model.py {' '.join(sys.argv[1:])}".rstrip())
     out(f"\n## Calibration (MEASURED): {rel(a.calibrate)} ({r0.get('dtype', '?')}, transport {r0.get('transport', '?')})")
+    mdl.dq_frac = a.dq_fraction
     bw = calibrate(mdl, recs, out)
     for name, val in (("r1f", a.single_fwd_rate), ("r1b", a.single_bwd_rate), ("rf", a.fwd_rate), ("rb", a.bwd_rate)):
         if val is not None:
@@ -499,6 +509,8 @@ def main():
     g.add_argument("--nvlink-gbs", type=float, help="override the measured link bandwidth, GB/s")
     g.add_argument("--ib-gbs", type=float, default=50.0, help="ASSUMED inter-node link, GB/s (default 50)")
     g.add_argument("--tokens-per-rank", type=int, nargs="+", help="weak scaling (default: the log's, 131072)")
+    g.add_argument("--dq-fraction", type=float, default=3.0 / 7.0,
+                   help="ASSUMED share of a backward step's compute in its dQ kernels (default 3/7)")
     g.add_argument("--step-overhead-us", type=float, default=10.0,
                    help="ASSUMED per-step cost not hidden (launches, events), us; plus the allreduce (default 10)")
     g.add_argument("--single-fwd-rate", type=float, help="override r1f, TFLOP/s")
