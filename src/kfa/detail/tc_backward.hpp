@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace kfa {
 namespace detail {
@@ -275,16 +276,34 @@ struct TcDkDvKernel {
           tc::mma<T>(s[n + 1], ka, bf[2], bf[3]);
         }
       }
-      const bool need_mask = rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK);
       float dcap[BQ / 8][4];
+      // Masked tiles take a second copy of the pass, in which each key's visible queries are one range of
+      // the tile (the common tile tests nothing per element).
+      auto p_pass = [&](auto masked) {
+        constexpr bool Masked = decltype(masked)::value;
+        int lo[2] = {0, 0}, hi[2] = {BQ - 1, BQ - 1};  // visible queries of keys g and g + 8, tile-local
+        if (Masked) {
 #pragma unroll
-      for (int n = 0; n < BQ / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qq = n * 8 + 2 * t4 + (e & 1);
-          const bool vis = !need_mask || (qq < rows && mask.visible(i0 + qq, wk0 + g + (e >> 1) * 8));
-          s[n][e] = tc_recompute_p<Softcap, D == 64>(s[n][e], pc, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
+          for (int h = 0; h < 2; ++h) {
+            const long j = wk0 + g + h * 8;
+            const long first = mask.query_begin(j) - i0, last = mask.query_end(j + 1, seq_q) - 1 - i0;
+            lo[h] = static_cast<int>(first < 0 ? 0 : (first > BQ ? BQ : first));
+            hi[h] = static_cast<int>(j >= seq_k || last < 0 ? -1 : (last > rows - 1 ? rows - 1 : last));
+          }
         }
+#pragma unroll
+        for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int qq = n * 8 + 2 * t4 + (e & 1);
+            const bool vis = !Masked || (qq >= lo[e >> 1] && qq <= hi[e >> 1]);
+            s[n][e] = tc_recompute_p<Softcap, D == 64>(s[n][e], pc, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
+          }
+      };
+      if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
+        p_pass(std::true_type{});
+      else
+        p_pass(std::false_type{});
       // dV += Pᵀ·dO
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
@@ -524,17 +543,35 @@ struct TcDqKernel {
           tc::mma<T>(dp[n], oa[kk], bv[0], bv[1]);
           tc::mma<T>(dp[n + 1], oa[kk], bv[2], bv[3]);
         }
-      const bool need_mask = cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK);
+      // Masked tiles take a second copy of the pass, in which each row's visible keys are one range of
+      // the tile (the common tile tests nothing per element).
+      auto ds_pass = [&](auto masked) {
+        constexpr bool Masked = decltype(masked)::value;
+        int lo[2] = {0, 0}, hi[2] = {BK - 1, BK - 1};  // visible keys of rows g and g + 8, tile-local
+        if (Masked) {
 #pragma unroll
-      for (int n = 0; n < BK / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int jj = n * 8 + 2 * t4 + (e & 1);
-          const bool vis = !need_mask || (jj < cols && mask.visible(wr0 + g + (e >> 1) * 8, j0 + jj));
-          float dcap;
-          const float p = tc_recompute_p<Softcap>(s[n][e], pc, lse_r[e >> 1], vis, dcap);
-          s[n][e] = p * (dp[n][e] - dd_r[e >> 1]) * dcap;  // dS
+          for (int h = 0; h < 2; ++h) {
+            long first, last;
+            mask.visible_range(wr0 + g + h * 8, first, last);
+            lo[h] = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BK ? BK : first - j0));
+            hi[h] = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
+          }
         }
+#pragma unroll
+        for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int jj = n * 8 + 2 * t4 + (e & 1);
+            const bool vis = !Masked || (jj >= lo[e >> 1] && jj <= hi[e >> 1]);
+            float dcap;
+            const float p = tc_recompute_p<Softcap>(s[n][e], pc, lse_r[e >> 1], vis, dcap);
+            s[n][e] = p * (dp[n][e] - dd_r[e >> 1]) * dcap;  // dS
+          }
+      };
+      if (cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK))
+        ds_pass(std::true_type{});
+      else
+        ds_pass(std::false_type{});
       // dQ += dS·K
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {

@@ -6,6 +6,7 @@
 #include <kfa/detail/simt_backward.hpp>
 #include <kfa/detail/simt_forward.hpp>
 #include <kfa/detail/tc_backward.hpp>
+#include <kfa/detail/tc_fa2_backward.hpp>
 #include <kfa/detail/tc_fa2_forward.hpp>
 #include <kfa/detail/tc_forward.hpp>
 #include <kfa/error.hpp>
@@ -59,11 +60,17 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
   return "";
 }
 
+/// Tiles of the tensor-core backward at head dim D: the dK/dV kernel's (FA2 layout or 16 keys per warp)
+/// and the dQ kernel's.
+template <int D, bool Fused>
+using TcDkDvShape =
+    typename std::conditional<tc_fa2_backward_used<D, Fused>(), Fa2BackwardShape<D, Fused>, TcBackwardShape<D, Fused>>::type;
+
 /// Shared memory of the tensor-core dK/dV kernel (with dQ fused in when `fused`).
 inline std::size_t tc_dkdv_scratch(int d, bool fused) {
   return tc_head_dim_switch(d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    return fused ? TcBackwardShape<D, true>::dkdv_scratch : TcBackwardShape<D>::dkdv_scratch;
+    return fused ? TcDkDvShape<D, true>::dkdv_scratch : TcDkDvShape<D, false>::dkdv_scratch;
   });
 }
 
@@ -88,7 +95,7 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
 /// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused).
 template <int D, bool Fused>
 BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
-  using S = TcBackwardShape<D, Fused>;
+  using S = TcDkDvShape<D, Fused>;
   return backward_tiles_of<S>(l0_max, 32 * S::dkdv_warps, 32 * S::warps);
 }
 
@@ -244,36 +251,47 @@ struct DqFromAccumulator {
   }
 };
 
-/// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc), launched under Kokkos where its tiles fit
-/// the team scratch, natively otherwise.
+/// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the FA2-layout kernel (natively) where
+/// tc_fa2_backward_used<D, FuseDq>, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
+/// scratch, natively otherwise.
 template <int D, bool Softcap, bool FuseDq, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD,
           class DKV, class DVV>
 void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                     const DD& dd, const DKV& dk, const DVV& dv, float scale, float softcap, const KeyMask& mask,
                     float* dq_acc) {
 #if KFA_HAS_TENSOR_CORES
-  using S = TcBackwardShape<D, FuseDq>;
-  using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-  const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
-  const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-  if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
   const char* name = FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
-  // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
-  // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
-  // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
-  // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
-  // Kokkos, so that instance is not even compiled (it only cost registers and build time).
-  constexpr std::size_t kokkos_cuda_l0_cap = 40936;
-  if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
-    if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
-      typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
-      p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
-      Kokkos::parallel_for(name, p1, k1);
-      return;
+  if constexpr (tc_fa2_backward_used<D, FuseDq>()) {
+    using S = Fa2BackwardShape<D, FuseDq>;
+    using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                  K1::MIN_BLOCKS, k1);
+  } else {
+    using S = TcBackwardShape<D, FuseDq>;
+    using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+    // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
+    // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
+    // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
+    // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
+    // Kokkos, so that instance is not even compiled (it only cost registers and build time).
+    constexpr std::size_t kokkos_cuda_l0_cap = 40936;
+    if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
+      if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
+        typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
+        p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
+        Kokkos::parallel_for(name, p1, k1);
+        return;
+      }
     }
+    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                  K1::MIN_BLOCKS, k1);
   }
-  native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
-                K1::MIN_BLOCKS, k1);
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
       (void)softcap, (void)mask, (void)dq_acc;
