@@ -2,6 +2,7 @@
 /// Public attention API: exact softmax(scale·q·kᵀ + mask)·v without ever storing the seq_q × seq_k matrix.
 #include <kfa/detail/backward_kernel.hpp>
 #include <kfa/detail/checks.hpp>
+#include <kfa/detail/ranges.hpp>
 #include <kfa/detail/forward_kernel.hpp>
 #include <kfa/detail/tc_dispatch.hpp>
 #include <kfa/options.hpp>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -274,9 +276,14 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
   const int batch = static_cast<int>(o.extent(0)), nq = static_cast<int>(o.extent(1)), hq = static_cast<int>(o.extent(2));
   Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
-  if (batch > 0 && hq > 0 && nq > 0)
-    Kokkos::parallel_for("kfa::attention_backward::D", range_like(space, dd),
-                         RowDotKernel<ExecSpace, OV, DOV, decltype(dd)>{o, d_o, dd});
+  // One warp per row on a GPU (before: one thread per row over a rank-3 MDRange, each thread reading its own
+  // row, d elements apart from its neighbours'; perf/RESULTS.md has what it cost).
+  for_each_row_sum4<Acc>(
+      "kfa::attention_backward::D", space, o,
+      KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const std::int64_t c) {
+        return static_cast<Acc>(d_o(b, i, h, c)) * static_cast<Acc>(o(b, i, h, c));
+      },
+      KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const Acc s) { dd(b, h, i) = s; });
   return dd;
 }
 

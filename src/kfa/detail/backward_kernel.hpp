@@ -23,21 +23,6 @@
 namespace kfa {
 namespace detail {
 
-/// D[b, h, i] = Σ_c dO[b, i, h, c] · O[b, i, h, c] in the accumulation type.
-template <class ExecSpace, class OV, class DOV, class DV>
-struct RowDotKernel {
-  using Acc = typename DV::non_const_value_type;
-  OV o;
-  DOV d_o;
-  DV dd;
-  KOKKOS_FUNCTION void operator()(const std::int64_t b, const std::int64_t h, const std::int64_t i) const {
-    Acc acc = 0;
-    for (int c = 0; c < static_cast<int>(o.extent(3)); ++c)
-      acc += static_cast<Acc>(d_o(b, i, h, c)) * static_cast<Acc>(o(b, i, h, c));
-    dd(b, h, i) = acc;
-  }
-};
-
 /// Which kernels of a backward call run: both, or one of them (the ring's last step runs the dK/dV kernels
 /// first, so that their accumulator travels home while the dQ kernels compute). A family that accumulates dQ
 /// inside its dK/dV kernel (atomic dQ) writes dq with `dkdv` and does nothing for `dq`.

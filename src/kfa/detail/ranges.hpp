@@ -63,5 +63,47 @@ void for_each_element4(const char* label, const ExecSpace& space, const View& x,
   }
 }
 
+/// For every row (b, i, h) of the rank-4 View x (its extents only): g(b, i, h, s) with s = Σ_c f(b, i, h, c)
+/// summed in Acc, the rows spread over teams and threads as in for_each_element4 and each sum over vector
+/// lanes (a tree over the lanes' partial sums on a GPU, a loop on hosts: deterministic either way).
+/// LayoutLeft views are summed row by row over an MDRange of (b, i, h) in memory order.
+template <class Acc, class ExecSpace, class View, class F, class G>
+void for_each_row_sum4(const char* label, const ExecSpace& space, const View& x, const F& f, const G& g) {
+  static_assert(static_cast<int>(View::rank) == 4, "for_each_row_sum4: a rank-4 View");
+  const std::int64_t n0 = static_cast<std::int64_t>(x.extent(0)), n1 = static_cast<std::int64_t>(x.extent(1)),
+                     n2 = static_cast<std::int64_t>(x.extent(2)), n3 = static_cast<std::int64_t>(x.extent(3));
+  const std::int64_t rows = n0 * n1 * n2;
+  if (rows == 0) return;
+  constexpr bool device = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  constexpr int team = device ? 8 : 1, vec = device ? 32 : 1;
+  if constexpr (std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value) {
+    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Left, Kokkos::Iterate::Left>,
+                                         Kokkos::IndexType<std::int64_t>>;
+    Kokkos::parallel_for(label, Policy(space, {0, 0, 0}, {n0, n1, n2}),
+                         KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h) {
+                           Acc s = 0;
+                           for (std::int64_t c = 0; c < n3; ++c) s += f(b, i, h, c);
+                           g(b, i, h, s);
+                         });
+  } else {
+    const std::int64_t league = (rows + team - 1) / team;
+    if (league > 2147483647LL) fail(label, ": ", rows, " rows exceed the ", team, " × (2^31 − 1) of one launch");
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    Kokkos::parallel_for(
+        label, Policy(space, static_cast<int>(league), team, vec), KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+          const std::int64_t r0 = static_cast<std::int64_t>(m.league_rank()) * team;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, team), [&](const int t) {
+            const std::int64_t r = r0 + t;
+            if (r >= rows) return;
+            const std::int64_t h = r % n2, i = (r / n2) % n1, b = r / (n1 * n2);
+            Acc s = 0;
+            Kokkos::parallel_reduce(
+                Kokkos::ThreadVectorRange(m, n3), [&](const std::int64_t c, Acc& part) { part += f(b, i, h, c); }, s);
+            Kokkos::single(Kokkos::PerThread(m), [&]() { g(b, i, h, s); });
+          });
+        });
+  }
+}
+
 }  // namespace detail
 }  // namespace kfa

@@ -3,6 +3,7 @@
 /// launches of the tensor-core kernels. Everything CUDA-specific compiles only where
 /// has_tensor_core_path holds; elsewhere the launchers are never instantiated.
 #include <kfa/detail/mask.hpp>
+#include <kfa/detail/ranges.hpp>
 #include <kfa/detail/simt_backward.hpp>
 #include <kfa/detail/simt_forward.hpp>
 #include <kfa/detail/tc_backward.hpp>
@@ -15,6 +16,7 @@
 #include <kfa/types.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -234,23 +236,6 @@ void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const V
   });
 }
 
-/// dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), the last step of the fused backward.
-template <class DQV>
-struct DqFromAccumulator {
-  DQV dq;
-  const float* acc;
-  int seq_q, heads_q, d;
-  float scale;
-  KOKKOS_FUNCTION void operator()(long x) const {
-    const int c = static_cast<int>(x % d);
-    const long r = x / d;
-    const int h = static_cast<int>(r % heads_q);
-    const long bi = r / heads_q;
-    dq(static_cast<int>(bi / seq_q), static_cast<int>(bi % seq_q), h, c) =
-        static_cast<typename DQV::non_const_value_type>(acc[x] * scale);
-  }
-};
-
 /// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the FA2-layout kernel (natively) where
 /// tc_fa2_backward_used<D, FuseDq>, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
 /// scratch, natively otherwise.
@@ -316,11 +301,14 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
         Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
     if (k.extent(1) > 0)
       tc_dkdv_launch<D, Softcap, true>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, acc.data());
-    if (n > 0)
-      Kokkos::parallel_for("kfa::attention_backward::dq_from_accumulator",
-                           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<long>>(space, 0, n),
-                           DqFromAccumulator<DQV>{dq, acc.data(), static_cast<int>(q.extent(1)),
-                                                  static_cast<int>(q.extent(2)), D, scale});
+    // dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), one warp per row.
+    const float* a = acc.data();
+    const std::int64_t seq_q = static_cast<std::int64_t>(q.extent(1)), heads_q = static_cast<std::int64_t>(q.extent(2));
+    for_each_element4(
+        "kfa::attention_backward::dq_from_accumulator", space, dq,
+        KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const std::int64_t c) {
+          dq(b, i, h, c) = static_cast<typename DQV::non_const_value_type>(a[((b * seq_q + i) * heads_q + h) * D + c] * scale);
+        });
     return;  // acc's deallocation waits for the device (Kokkos synchronizes before freeing device memory)
   }
   if (k.extent(1) > 0 && parts != BackwardParts::dq)
