@@ -259,6 +259,18 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   EXPECT_EQ(nb.family, b.family);
   EXPECT_EQ(nb.atomic_dq, b.family == P::tensor_core) << nb.region;
   EXPECT_EQ(nb.region.find(",atomic_dq,") != std::string::npos, nb.atomic_dq) << nb.region;
+  if (nb.family == P::tensor_core) {
+    // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where the device gives it its shared memory,
+    // else the 16-keys-per-warp kernel; the plan names the tiles of the one that runs
+    for (const kfa::BackwardPlan* pl : {&b, &nb}) {
+      const bool fused = pl == &nb;
+      const bool fa2 = kfa::detail::tc_fa2_backward_runs(Exec(), d, fused);
+      EXPECT_EQ(fa2, kfa::detail::native_smem_max(Exec()) >= (fused ? kfa::detail::Fa2BackwardShape<d, true>::dkdv_scratch
+                                                                      : kfa::detail::Fa2BackwardShape<d, false>::dkdv_scratch));
+      EXPECT_EQ(pl->tiles.dkdv.block_k, fa2 ? 128 : 64) << pl->region;
+      EXPECT_EQ(pl->tiles.dkdv.team_size, fa2 ? 256 : 128) << pl->region;
+    }
+  }
   nondet.path = P::portable;
   EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet).atomic_dq);
 }

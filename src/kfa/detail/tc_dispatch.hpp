@@ -62,22 +62,30 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
   return "";
 }
 
-/// Tiles of the tensor-core backward at head dim D: the dK/dV kernel's (FA2 layout or 16 keys per warp)
-/// and the dQ kernel's.
-template <int D, bool Fused>
-using TcDkDvShape =
-    typename std::conditional<tc_fa2_backward_used<D, Fused>(), Fa2BackwardShape<D, Fused>, TcBackwardShape<D, Fused>>::type;
-
-/// Shared memory of the tensor-core dK/dV kernel (with dQ fused in when `fused`).
-inline std::size_t tc_dkdv_scratch(int d, bool fused) {
+/// Whether the FA2-layout dK/dV kernel runs head dim d (`fused`: with dQ fused in) on `space`: where
+/// tc_fa2_backward_used says so and the device gives a block its shared memory (107-174 KB: not sm_86/89's
+/// 99 KB, nor sm_80's 163 KB at d = 128); the 16-keys-per-warp kernel runs otherwise.
+template <class ExecSpace>
+bool tc_fa2_backward_runs(const ExecSpace& space, int d, bool fused) {
   return tc_head_dim_switch(d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    return fused ? TcDkDvShape<D, true>::dkdv_scratch : TcDkDvShape<D, false>::dkdv_scratch;
+    if (fused)
+      return tc_fa2_backward_used<D, true>() && Fa2BackwardShape<D, true>::dkdv_scratch <= native_smem_max(space);
+    return tc_fa2_backward_used<D, false>() && Fa2BackwardShape<D, false>::dkdv_scratch <= native_smem_max(space);
   });
 }
 
-/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d > 64 its
-/// dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
+/// Shared memory of the 16-keys-per-warp dK/dV kernel (with dQ fused in when `fused`): what the
+/// tensor-core backward needs at least.
+inline std::size_t tc_dkdv_scratch(int d, bool fused) {
+  return tc_head_dim_switch(d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    return fused ? TcBackwardShape<D, true>::dkdv_scratch : TcBackwardShape<D>::dkdv_scratch;
+  });
+}
+
+/// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d > 64 even its
+/// smaller dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
 template <class ExecSpace>
 std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
   return native_smem_problem(space, tc_dkdv_scratch(d, fused), "the tensor-core dK/dV kernel");
@@ -94,11 +102,14 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
   return t;
 }
 
-/// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused).
+/// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused);
+/// `fa2`: the FA2-layout dK/dV kernel (tc_fa2_backward_runs), else the 16-keys-per-warp one.
 template <int D, bool Fused>
-BackwardTileConfig tc_backward_tiles(std::size_t l0_max) {
-  using S = TcDkDvShape<D, Fused>;
-  return backward_tiles_of<S>(l0_max, 32 * S::dkdv_warps, 32 * S::warps);
+BackwardTileConfig tc_backward_tiles(std::size_t l0_max, bool fa2) {
+  using S = TcBackwardShape<D, Fused>;
+  using F = Fa2BackwardShape<D, Fused>;
+  return fa2 ? backward_tiles_of<F>(l0_max, 32 * F::dkdv_warps, 32 * F::warps)
+             : backward_tiles_of<S>(l0_max, 32 * S::dkdv_warps, 32 * S::warps);
 }
 
 /// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can), given
@@ -133,10 +144,10 @@ inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
 inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
 }
-inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused) {
+inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused, bool fa2) {
   return tc_head_dim_switch(head_dim, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    return fused ? tc_backward_tiles<D, true>(l0_max) : tc_backward_tiles<D, false>(l0_max);
+    return fused ? tc_backward_tiles<D, true>(l0_max, fa2) : tc_backward_tiles<D, false>(l0_max, fa2);
   });
 }
 
@@ -237,7 +248,7 @@ void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const V
 }
 
 /// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the FA2-layout kernel (natively) where
-/// tc_fa2_backward_used<D, FuseDq>, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
+/// tc_fa2_backward_runs, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
 /// scratch, natively otherwise.
 template <int D, bool Softcap, bool FuseDq, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD,
           class DKV, class DVV>
@@ -248,35 +259,37 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   const char* name = FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
   if constexpr (tc_fa2_backward_used<D, FuseDq>()) {
     using S = Fa2BackwardShape<D, FuseDq>;
-    using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
-    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
-    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
-                  K1::MIN_BLOCKS, k1);
-  } else {
-    using S = TcBackwardShape<D, FuseDq>;
-    using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
-    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
-    // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
-    // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
-    // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
-    // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
-    // Kokkos, so that instance is not even compiled (it only cost registers and build time).
-    constexpr std::size_t kokkos_cuda_l0_cap = 40936;
-    if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
-      if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
-        typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
-        p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
-        Kokkos::parallel_for(name, p1, k1);
-        return;
-      }
+    if (S::dkdv_scratch <= native_smem_max(space)) {  // as tc_fa2_backward_runs
+      using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+      const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+      const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+      if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+      native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                    K1::MIN_BLOCKS, k1);
+      return;
     }
-    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
-                  K1::MIN_BLOCKS, k1);
   }
+  using S = TcBackwardShape<D, FuseDq>;
+  using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+  const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+  const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+  if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+  // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
+  // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
+  // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
+  // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
+  // Kokkos, so that instance is not even compiled (it only cost registers and build time).
+  constexpr std::size_t kokkos_cuda_l0_cap = 40936;
+  if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
+    if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
+      typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
+      p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
+      Kokkos::parallel_for(name, p1, k1);
+      return;
+    }
+  }
+  native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                K1::MIN_BLOCKS, k1);
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
       (void)softcap, (void)mask, (void)dq_acc;
