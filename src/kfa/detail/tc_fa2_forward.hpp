@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   auto load_kv = [&](Pos j0, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
-    tc::load_tile_async<D, BC, NT>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
-    tc::load_tile_async<D, BC, NT>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
+    tc::load_tile_async<D, BC, NT, false>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
+    tc::load_tile_async<D, BC, NT, false>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
   };
   // Group 0: the Q block (rows past seq_q are zeros) and the first K/V tile.
-  tc::load_tile_async<D, BQ, NT>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
+  tc::load_tile_async<D, BQ, NT, false>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
                                  rows, tid);
   if (j_begin < j_end) load_kv(j_begin, 0);
   tc::cp_async_commit();
