@@ -38,6 +38,10 @@ namespace detail {
 #ifndef KFA_FA2_D96_BLOCK_K
 #define KFA_FA2_D96_BLOCK_K 64
 #endif
+/// Lazy rescaling of the running maxima (see the kernel); 0 rescales on every tile, as before.
+#ifndef KFA_FA2_LAZY_RESCALE
+#define KFA_FA2_LAZY_RESCALE 1
+#endif
 #ifndef KFA_FA2_D128_BLOCK_K
 #define KFA_FA2_D128_BLOCK_K 64
 #endif
@@ -121,6 +125,9 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = ninf, l[mt][0] = l[mt][1] = 0.f;
   const float c = a.scale * tc::log2e;  // exp(scale·s − m) = 2^(s·c − m·log2e)
+  // Not with softcap: there it made the d = 64 instance spill 8-12 B (ptxas, CUDA 13.0).
+  constexpr bool kLazyRescale = KFA_FA2_LAZY_RESCALE != 0 && !Softcap;
+  constexpr float kStale = 8.f * 0.6931471805599453f;  // 8·ln 2: p ≤ 2^8 while the running maximum is stale
   const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
 
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
@@ -194,6 +201,10 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
             }
         }
     }
+    // Per m-tile: the tile's row maxima (natural units). The running maxima move (and l and O are rescaled)
+    // only when a row of the warp's m-tile has a tile maximum more than kStale above its running one;
+    // otherwise p = exp(x − m) with the running m, at most e^kStale = 2^8: the same sums in another rounding,
+    // without the D/8·4 multiplies of the rescale (FlashAttention-4's lazy rescaling).
     std::uint32_t pa[MT][BC / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -202,20 +213,30 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
       for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[mt][n][e]);
-      float mc[2];  // the new maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
+      float tm[2];
+      bool grow = false;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float tm = tc::quad_max(tmax[r]);
-        const MergeFactors<float> f = merge_factors(m[mt][r], tm == ninf ? ninf : tm * a.scale);
-        m[mt][r] = f.m;
-        mc[r] = f.m == ninf ? 0.f : f.m * tc::log2e;
-        l[mt][r] *= f.scale_a;
+        const float t = tc::quad_max(tmax[r]);
+        tm[r] = t == ninf ? ninf : t * a.scale;
+        grow |= tm[r] > m[mt][r] + kStale;  // m = −inf: any visible key
+      }
+      if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          acc[mt][n][2 * r] *= f.scale_a;
-          acc[mt][n][2 * r + 1] *= f.scale_a;
+        for (int r = 0; r < 2; ++r) {
+          const MergeFactors<float> f = merge_factors(m[mt][r], tm[r]);
+          m[mt][r] = f.m;
+          l[mt][r] *= f.scale_a;
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            acc[mt][n][2 * r] *= f.scale_a;
+            acc[mt][n][2 * r + 1] *= f.scale_a;
+          }
         }
       }
+      float mc[2];  // the running maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mc[r] = m[mt][r] == ninf ? 0.f : m[mt][r] * tc::log2e;
 #pragma unroll
       for (int n = 0; n < BC / 8; ++n) {
         const float p0 = tc::exp2_approx(fmaf(s[mt][n][0], c, -mc[0]));
