@@ -2,8 +2,8 @@
 /// Public attention API: exact softmax(scale·q·kᵀ + mask)·v without ever storing the seq_q × seq_k matrix.
 #include <kfa/detail/backward_kernel.hpp>
 #include <kfa/detail/checks.hpp>
-#include <kfa/detail/ranges.hpp>
 #include <kfa/detail/forward_kernel.hpp>
+#include <kfa/detail/ranges.hpp>
 #include <kfa/detail/tc_dispatch.hpp>
 #include <kfa/options.hpp>
 #include <kfa/paths.hpp>

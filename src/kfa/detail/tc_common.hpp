@@ -183,7 +183,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 /// one 16-byte column and walks its rows by pointer increments (no division or 64-bit multiply per chunk).
 /// Where the D/8 chunks of a row do not divide NT (d = 96), dr is the largest power of two that fits, so
 /// that the passes cover the tile's power-of-two rows exactly, and the other threads idle (before, every
-/// chunk there took a division and a 64-bit multiply: the d = 96 forward ran 11-13% slower on an H200).
+/// chunk there took a division and a 64-bit multiply; perf/RESULTS.md, sixth session, has what it cost).
 /// Shapes are template parameters so that the loop unrolls; `Unroll` = false rolls it where threads idle
 /// (which form leaves a kernel without register spills differs per kernel: ptxas, CUDA 13.0, d = 96 — the
 /// FA2 forward needs it rolled, the FA2 dK/dV kernel with softcap and dQ fused unrolled).
