@@ -28,7 +28,7 @@ namespace detail {
 
 /// Whether the tensor-core backward uses the FA2-layout dK/dV kernel at head dim D, with dQ fused in
 /// (atomics) or not: everywhere but the deterministic d = 64 backward, where the 16-keys-per-warp kernel
-/// was measured 7-9% faster (H200, bf16, perf/RESULTS.md). KFA_TC_BWD_FA2=0 keeps the 16-keys-per-warp
+/// was measured 8-10% faster (H200, bf16, perf/RESULTS.md). KFA_TC_BWD_FA2=0 keeps the 16-keys-per-warp
 /// kernel everywhere (a build-time knob for comparisons).
 #ifndef KFA_TC_BWD_FA2
 #define KFA_TC_BWD_FA2 1
