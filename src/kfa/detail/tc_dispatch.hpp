@@ -259,7 +259,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   const char* name = FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
   if constexpr (tc_fa2_backward_used<D, FuseDq>()) {
     using S = Fa2BackwardShape<D, FuseDq>;
-    if (S::dkdv_scratch <= native_smem_max(space)) {  // as tc_fa2_backward_runs
+    if (tc_fa2_backward_runs(space, D, FuseDq)) {
       using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
       const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
