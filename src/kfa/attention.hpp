@@ -300,8 +300,9 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
   if (why_not.empty()) why_not = tc_backward_problem(space, d, fused);
   const bool fa2 = why_not.empty() && tc_fa2_backward_runs(space, d, fused);
+  const bool fa2_dq = why_not.empty() && !fused && fa2_dq_problem(space, d).empty();
   if (why_not.empty()) {
-    const BackwardTileConfig t = tc_backward_tiles(d, 0, fused, fa2);
+    const BackwardTileConfig t = tc_backward_tiles(d, 0, fused, fa2, fa2_dq);
     // one override serves both kernels only where they agree; the portable path honours any
     why_not = tc_block_problem(opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
     if (why_not.empty() && !fused) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
@@ -330,11 +331,12 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   }
   const bool tc = family == P::tensor_core;
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  BackwardTileConfig tiles = tc                        ? tc_backward_tiles(d, l0_max, fused, fa2)
+  BackwardTileConfig tiles = tc                        ? tc_backward_tiles(d, l0_max, fused, fa2, fa2_dq)
                              : family == P::simt_fp32 ? (d == 64 ? simt_backward_tiles<64>(l0_max)
                                                                   : simt_backward_tiles<128>(l0_max))
                                                        : backward_tile_config(space, q, k, opts);
   if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
+  if (tc && fa2_dq) tiles.dq.scratch_l0_max = native_smem_max(space);
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
   if (family == P::portable && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),

@@ -4,6 +4,8 @@
 // tests report a skip and the error tests carry the weight.
 #include "../common/kfa_test.hpp"
 
+#include <cstring>
+
 using namespace kfa_test;
 
 template <class T>
@@ -32,6 +34,13 @@ Run<T> run_path(const Shape& s, const Tensor<T>& q, const Tensor<T>& k, const Te
 }
 
 template <class T>
+bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  return ha.size() == hb.size() && std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(T)) == 0;
+}
+
+template <class T>
 void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE(describe(s, ro, seed));
@@ -48,6 +57,8 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   kfa::AttentionOptions nondet = opts;
   nondet.deterministic = false;
   const Run<T> atomic = run_path(s, q, k, v, d_o, nondet, kfa::TileProductPath::tensor_core);
+  // The deterministic tensor-core backward again on the same inputs: bitwise the same gradients.
+  const Run<T> again = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
   std::vector<double> oref, lref, dqr, dkr, dvr;
   reference_forward64(s, ro, qh, kh, vh, oref, lref);
   reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
@@ -74,6 +85,9 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), to_doubles4(pt.dq), tol)) << "dq: atomic vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), to_doubles4(pt.dk), tol)) << "dk: atomic vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), to_doubles4(pt.dv), tol)) << "dv: atomic vs portable";
+  EXPECT_TRUE(same_bits(tc.dq, again.dq)) << "deterministic dq run twice";
+  EXPECT_TRUE(same_bits(tc.dk, again.dk)) << "deterministic dk run twice";
+  EXPECT_TRUE(same_bits(tc.dv, again.dv)) << "deterministic dv run twice";
 }
 
 template <class T>
@@ -270,6 +284,13 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(pl->tiles.dkdv.block_k, fa2 ? 128 : 64) << pl->region;
       EXPECT_EQ(pl->tiles.dkdv.team_size, fa2 ? 256 : 128) << pl->region;
     }
+    // the deterministic dQ kernel: FA2's layout (128 rows, 4 warps) exactly where the device gives it its
+    // shared memory, else TcDqKernel (64 rows)
+    const bool fa2_dq = kfa::detail::fa2_dq_problem(Exec(), d).empty();
+    EXPECT_EQ(fa2_dq, kfa::detail::native_smem_max(Exec()) >= kfa::detail::Fa2DqShape<d>::smem);
+    EXPECT_EQ(b.tiles.dq.block_q, fa2_dq ? 128 : 64) << b.region;
+    EXPECT_EQ(b.tiles.dq.block_k, fa2_dq ? kfa::detail::Fa2DqShape<d>::block_k : 32) << b.region;
+    EXPECT_EQ(b.tiles.dq.team_size, 128) << b.region;
   }
   nondet.path = P::portable;
   EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet).atomic_dq);

@@ -8,6 +8,7 @@
 #include <kfa/detail/simt_forward.hpp>
 #include <kfa/detail/tc_backward.hpp>
 #include <kfa/detail/tc_fa2_backward.hpp>
+#include <kfa/detail/tc_fa2_dq.hpp>
 #include <kfa/detail/tc_fa2_forward.hpp>
 #include <kfa/detail/tc_forward.hpp>
 #include <kfa/error.hpp>
@@ -103,13 +104,22 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
 }
 
 /// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused);
-/// `fa2`: the FA2-layout dK/dV kernel (tc_fa2_backward_runs), else the 16-keys-per-warp one.
+/// `fa2`: the FA2-layout dK/dV kernel (tc_fa2_backward_runs), else the 16-keys-per-warp one; `fa2_dq`: the
+/// FA2-layout dQ kernel (fa2_dq_problem is ""), else TcDqKernel.
 template <int D, bool Fused>
-BackwardTileConfig tc_backward_tiles(std::size_t l0_max, bool fa2) {
+BackwardTileConfig tc_backward_tiles(std::size_t l0_max, bool fa2, bool fa2_dq) {
   using S = TcBackwardShape<D, Fused>;
   using F = Fa2BackwardShape<D, Fused>;
-  return fa2 ? backward_tiles_of<F>(l0_max, 32 * F::dkdv_warps, 32 * F::warps)
-             : backward_tiles_of<S>(l0_max, 32 * S::dkdv_warps, 32 * S::warps);
+  BackwardTileConfig t = fa2 ? backward_tiles_of<F>(l0_max, 32 * F::dkdv_warps, 32 * F::warps)
+                             : backward_tiles_of<S>(l0_max, 32 * S::dkdv_warps, 32 * S::warps);
+  if (fa2_dq) {
+    using Q = Fa2DqShape<D>;
+    t.dq.block_q = Q::block_q;
+    t.dq.block_k = Q::block_k;
+    t.dq.team_size = 32 * Q::warps;
+    t.dq.scratch_l0 = Q::smem;
+  }
+  return t;
 }
 
 /// Why the FA2-layout forward cannot run these options with head dim d on `space` ("" when it can), given
@@ -144,10 +154,10 @@ inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
 inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
 }
-inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused, bool fa2) {
+inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused, bool fa2, bool fa2_dq) {
   return tc_head_dim_switch(head_dim, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    return fused ? tc_backward_tiles<D, true>(l0_max, fa2) : tc_backward_tiles<D, false>(l0_max, fa2);
+    return fused ? tc_backward_tiles<D, true>(l0_max, fa2, false) : tc_backward_tiles<D, false>(l0_max, fa2, fa2_dq);
   });
 }
 
@@ -298,7 +308,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
 }
 
 /// The tensor-core backward. deterministic: the dK/dV kernel, then the dQ kernel (7 tile products, no
-/// atomics). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
+/// atomics; the FA2-layout dQ kernel where fa2_dq_problem is "", else TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
 /// allocated here, then converted into dq.
 template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,
           class DKV, class DVV>
@@ -327,6 +337,10 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
   if (k.extent(1) > 0 && parts != BackwardParts::dq)
     tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr);
   if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
+    if (fa2_dq_problem(space, D).empty()) {
+      fa2_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+      return;
+    }
     using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
     const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
     const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
