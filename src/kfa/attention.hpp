@@ -296,7 +296,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   using T = typename QV::non_const_value_type;
   using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
-  const bool fused = !opts.deterministic;
+  const bool fused = !opts.deterministic && tc_atomic_dq_pays(space, d);  // atomic dQ where it is the faster
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
   if (why_not.empty()) why_not = tc_backward_problem(space, d, fused);
   const bool fa2 = why_not.empty() && tc_fa2_backward_runs(space, d, fused);

@@ -292,6 +292,13 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     EXPECT_EQ(b.tiles.dq.block_k, fa2_dq ? kfa::detail::Fa2DqShape<d>::block_k : 32) << b.region;
     EXPECT_EQ(b.tiles.dq.team_size, 128) << b.region;
   }
+  // d = 64: atomic dQ only where the FA2-layout dQ kernel cannot run (the two-kernel backward is the faster)
+  {
+    Tensor<T> q6("q", 1, 300, 2, 64), k6("k", 1, 300, 2, 64), v6("v", 1, 300, 2, 64), do6("do", 1, 300, 2, 64),
+        dq6("dq", 1, 300, 2, 64), dk6("dk", 1, 300, 2, 64), dv6("dv", 1, 300, 2, 64);
+    const kfa::BackwardPlan b6 = kfa::plan_backward(Exec(), q6, k6, v6, do6, dq6, dk6, dv6, nondet);
+    EXPECT_EQ(b6.atomic_dq, b6.family == P::tensor_core && !kfa::detail::fa2_dq_problem(Exec(), 64).empty()) << b6.region;
+  }
   nondet.path = P::portable;
   EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet).atomic_dq);
 }

@@ -103,6 +103,15 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
   return t;
 }
 
+/// Whether deterministic = false fuses dQ into the dK/dV kernel with atomics at head dim d on `space`: not
+/// at d = 64 where the FA2-layout dQ kernel runs, because there the two-kernel backward (no atomics) was
+/// measured faster (H200, bf16 and fp16, forward+backward 0.82-0.86x torch's flash against 0.75-0.81x with
+/// atomic dQ; perf/RESULTS.md, seventh session).
+template <class ExecSpace>
+bool tc_atomic_dq_pays(const ExecSpace& space, int d) {
+  return d > 64 || !fa2_dq_problem(space, d).empty();
+}
+
 /// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused);
 /// `fa2`: the FA2-layout dK/dV kernel (tc_fa2_backward_runs), else the 16-keys-per-warp one; `fa2_dq`: the
 /// FA2-layout dQ kernel (fa2_dq_problem is ""), else TcDqKernel.
