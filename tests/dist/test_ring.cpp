@@ -230,6 +230,15 @@ TYPED_TEST(Ring, ChunkedMessages) {
 TEST(RingTransport, ResolvedReportedAndConfigurable) {
   using kfa::dist::RingTransport;
   const int p = world_size();
+  // the launcher's own KFA_RING_TRANSPORT (e.g. staging for two ranks on one GPU) is put back for later tests
+  const char* outer = std::getenv("KFA_RING_TRANSPORT");
+  const bool had_outer = outer != nullptr;
+  const std::string launcher_transport = had_outer ? outer : "";
+  auto restore = [&] {
+    if (had_outer) setenv("KFA_RING_TRANSPORT", launcher_transport.c_str(), 1);
+    else unsetenv("KFA_RING_TRANSPORT");
+  };
+  unsetenv("KFA_RING_TRANSPORT");
   kfa::dist::Ring ring(MPI_COMM_WORLD);
   EXPECT_EQ(ring.requested_transport(), RingTransport::automatic);
   EXPECT_EQ(ring.resolved_transport<Kokkos::HostSpace>(), RingTransport::host_memory);
@@ -238,7 +247,7 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
   for (const char* name : {"nccl", "staging", "gpu-aware-mpi"}) {
     setenv("KFA_RING_TRANSPORT", name, 1);
     kfa::dist::Ring asked(MPI_COMM_WORLD);
-    unsetenv("KFA_RING_TRANSPORT");
+    restore();
     EXPECT_NE(asked.requested_transport(), RingTransport::automatic) << name;
     EXPECT_EQ(asked.resolved_transport<Kokkos::HostSpace>(), RingTransport::host_memory) << name;
     // the test's own buffers (device memory on GPU builds) travel the way that was asked for and reported
@@ -264,7 +273,7 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
   } catch (const kfa::Error& e) {
     EXPECT_NE(std::string(e.what()).find("'carrier-pigeon'; expected auto, nccl"), std::string::npos) << e.what();
   }
-  unsetenv("KFA_RING_TRANSPORT");
+  restore();
 }
 
 // A Ring keeps its work buffers between calls (Ring::cache_buffers): one Ring through shapes that grow and
