@@ -105,8 +105,8 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
 
 /// Whether deterministic = false fuses dQ into the dK/dV kernel with atomics at head dim d on `space`: not
 /// at d = 64 where the FA2-layout dQ kernel runs, because there the two-kernel backward (no atomics) was
-/// measured faster (H200, bf16 and fp16, forward+backward 0.82-0.86x torch's flash against 0.75-0.81x with
-/// atomic dQ; perf/RESULTS.md, seventh session).
+/// measured faster (H200, bf16, forward+backward 0.82-0.86x torch's flash against 0.75-0.81x with atomic
+/// dQ; perf/RESULTS.md, seventh session).
 template <class ExecSpace>
 bool tc_atomic_dq_pays(const ExecSpace& space, int d) {
   return d > 64 || !fa2_dq_problem(space, d).empty();
