@@ -13,6 +13,7 @@
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_backward.hpp>  // TcRecomputeConsts, tc_recompute_p
 #include <kfa/detail/tc_common.hpp>
+#include <kfa/detail/tc_fa2_forward.hpp>  // Fa2QkvArgs
 #include <kfa/detail/tc_native.hpp>
 
 #include <cstddef>
@@ -61,21 +62,15 @@ std::string fa2_dq_problem(const ExecSpace& space, int d) {
   return "it is a Kokkos::Cuda kernel";
 }
 
-/// Everything the kernel reads, as raw pointers and element strides (batch, row, head) of the views;
-/// lse and D are [batch][head][row].
+/// The kernel's arguments: Fa2QkvArgs (tc_fa2_forward.hpp), dO, lse and D ([batch][head][row]), dq, the
+/// recomputation's constants.
 template <class OutT>
-struct Fa2DqArgs {
-  const std::uint16_t* q;
-  const std::uint16_t* k;
-  const std::uint16_t* v;
+struct Fa2DqArgs : Fa2QkvArgs {
   const std::uint16_t* d_o;
   const float* lse;
   const float* dd;
   OutT* dq;
-  long q_s[3], k_s[3], v_s[3], do_s[3], dq_s[3], l_s[3], d_s[3];
-  int seq_q, heads_q, group, n_qblocks;
-  float scale;
-  KeyMask mask;
+  long do_s[3], dq_s[3], l_s[3], d_s[3];
 #if KFA_HAS_TENSOR_CORES
   TcRecomputeConsts pc{1.f, 0.f};
 #endif
@@ -264,31 +259,13 @@ void fa2_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const 
   static_assert(std::is_same<typename DDV::non_const_value_type, float>::value, "float D only");
   using Shape = Fa2DqShape<D>;
   Fa2DqArgs<OutT> a;
-  a.q = reinterpret_cast<const std::uint16_t*>(q.data());
-  a.k = reinterpret_cast<const std::uint16_t*>(k.data());
-  a.v = reinterpret_cast<const std::uint16_t*>(v.data());
+  const long league = a.set_qkv(q, k, v, Shape::block_q, scale, mask);  // native_launch checks it fits an int
   a.d_o = reinterpret_cast<const std::uint16_t*>(d_o.data());
   a.lse = lse.data();
   a.dd = dd.data();
   a.dq = dq.data();
-  for (int r = 0; r < 3; ++r) {
-    a.q_s[r] = static_cast<long>(q.stride(r));
-    a.k_s[r] = static_cast<long>(k.stride(r));
-    a.v_s[r] = static_cast<long>(v.stride(r));
-    a.do_s[r] = static_cast<long>(d_o.stride(r));
-    a.dq_s[r] = static_cast<long>(dq.stride(r));
-    a.l_s[r] = static_cast<long>(lse.stride(r));
-    a.d_s[r] = static_cast<long>(dd.stride(r));
-  }
-  a.seq_q = static_cast<int>(q.extent(1));
-  a.heads_q = static_cast<int>(q.extent(2));
-  a.group = static_cast<int>(q.extent(2) / k.extent(2));
-  a.n_qblocks = (a.seq_q + Shape::block_q - 1) / Shape::block_q;
-  a.scale = scale;
-  a.mask = mask;
+  strides3(d_o, a.do_s), strides3(dq, a.dq_s), strides3(lse, a.l_s), strides3(dd, a.d_s);
   a.pc = TcRecomputeConsts(scale, softcap);
-  const long league = static_cast<long>(q.extent(0)) * a.heads_q * a.n_qblocks;
-  if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
   native_launch(space, "kfa::attention_backward::dq[tensor_core_fa2]", &tc_fa2_dq_kernel<D, Softcap, T, OutT>, league,
                 dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
 }

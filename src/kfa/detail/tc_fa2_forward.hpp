@@ -15,7 +15,6 @@
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
 #include <kfa/detail/tc_native.hpp>
-#include <kfa/error.hpp>
 #include <kfa/online_softmax.hpp>
 
 #include <cstddef>
@@ -57,18 +56,48 @@ struct Fa2ForwardShape {
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * pitch * 2;
 };
 
-/// Everything the kernel reads, as raw pointers and element strides (batch, row, head) of the views.
-template <class OutT>
-struct Fa2ForwardArgs {
+/// Element strides of a view's first three dimensions: (batch, row, head) of q, k, v, o, or (batch, head, row)
+/// of lse.
+template <class V>
+void strides3(const V& x, long (&s)[3]) {
+  for (int r = 0; r < 3; ++r) s[r] = static_cast<long>(x.stride(r));
+}
+
+/// What the natively launched query-block kernels (this forward, the FA2-layout dQ kernel) read of q, k and
+/// v, as raw 16-bit pointers and element strides, with the extents, scale and mask; each kernel's argument
+/// struct adds its own operands.
+struct Fa2QkvArgs {
   const std::uint16_t* q;
   const std::uint16_t* k;
   const std::uint16_t* v;
+  long q_s[3], k_s[3], v_s[3];
+  int seq_q, heads_q, group, n_qblocks;
+  float scale;
+  KeyMask mask;
+  /// From the views; `block_q`: the kernel's query rows per block. Returns the number of blocks.
+  template <class QV, class KV, class VV>
+  long set_qkv(const QV& q_, const KV& k_, const VV& v_, int block_q, float scale_, const KeyMask& mask_) {
+    q = reinterpret_cast<const std::uint16_t*>(q_.data());
+    k = reinterpret_cast<const std::uint16_t*>(k_.data());
+    v = reinterpret_cast<const std::uint16_t*>(v_.data());
+    strides3(q_, q_s), strides3(k_, k_s), strides3(v_, v_s);
+    seq_q = static_cast<int>(q_.extent(1));
+    heads_q = static_cast<int>(q_.extent(2));
+    group = static_cast<int>(q_.extent(2) / k_.extent(2));
+    n_qblocks = (seq_q + block_q - 1) / block_q;
+    scale = scale_;
+    mask = mask_;
+    return static_cast<long>(q_.extent(0)) * heads_q * n_qblocks;
+  }
+};
+
+/// The forward's arguments: Fa2QkvArgs, the outputs and the softcap.
+template <class OutT>
+struct Fa2ForwardArgs : Fa2QkvArgs {
   OutT* o;
   float* lse;
-  long q_s[3], k_s[3], v_s[3], o_s[3], l_s[3];  // l_s: (batch, head, row)
-  int seq_q, heads_q, group, n_qblocks;
-  float scale, softcap;
-  KeyMask mask;
+  long o_s[3], l_s[3];  // l_s: (batch, head, row)
+  float softcap;
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -317,27 +346,11 @@ void fa2_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, c
   static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
   using Shape = Fa2ForwardShape<D>;
   Fa2ForwardArgs<OutT> a;
-  a.q = reinterpret_cast<const std::uint16_t*>(q.data());
-  a.k = reinterpret_cast<const std::uint16_t*>(k.data());
-  a.v = reinterpret_cast<const std::uint16_t*>(v.data());
+  const long league = a.set_qkv(q, k, v, Shape::block_q, scale, mask);  // native_launch checks it fits an int
   a.o = o.data();
   a.lse = lse.data();
-  for (int r = 0; r < 3; ++r) {
-    a.q_s[r] = static_cast<long>(q.stride(r));
-    a.k_s[r] = static_cast<long>(k.stride(r));
-    a.v_s[r] = static_cast<long>(v.stride(r));
-    a.o_s[r] = static_cast<long>(o.stride(r));
-    a.l_s[r] = static_cast<long>(lse.stride(r));
-  }
-  a.seq_q = static_cast<int>(q.extent(1));
-  a.heads_q = static_cast<int>(q.extent(2));
-  a.group = static_cast<int>(q.extent(2) / k.extent(2));
-  a.n_qblocks = (a.seq_q + Shape::block_q - 1) / Shape::block_q;
-  a.scale = scale;
+  strides3(o, a.o_s), strides3(lse, a.l_s);
   a.softcap = softcap;
-  a.mask = mask;
-  const long league = static_cast<long>(q.extent(0)) * a.heads_q * a.n_qblocks;
-  if (league > 2147483647L) fail("kfa::attention_forward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
   native_launch(space, "kfa::attention_forward[tensor_core_fa2]", &tc_fa2_forward_kernel<D, Softcap, T, OutT>, league,
                 dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
 }
