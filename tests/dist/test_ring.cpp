@@ -244,6 +244,10 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
   EXPECT_EQ(ring.resolved_transport<Kokkos::HostSpace>(), RingTransport::host_memory);
   EXPECT_EQ(ring.transport<Kokkos::HostSpace>(), p == 1 ? "none (one rank)" : "host memory (MPI)");
   static_assert(!kfa::dist::nccl_available<Kokkos::HostSpace>(), "NCCL is for device memory only");
+  // ranks sharing a GPU (e.g. two ranks on a one-GPU machine): automatic passes over NCCL, which cannot
+  // put them in one communicator
+  if (ring.ranks_share_device()) EXPECT_NE(ring.resolved_transport<Mem>(), RingTransport::nccl);
+  else if (kfa::dist::nccl_available<Mem>()) EXPECT_EQ(ring.resolved_transport<Mem>(), RingTransport::nccl);
   for (const char* name : {"nccl", "staging", "gpu-aware-mpi"}) {
     setenv("KFA_RING_TRANSPORT", name, 1);
     kfa::dist::Ring asked(MPI_COMM_WORLD);
@@ -258,7 +262,8 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
     std::mt19937_64 rng(shared_seed());
     fill_random(q, rng), fill_random(k, rng), fill_random(v, rng);
     kfa::dist::RingStats stats;
-    if (!host_mem && p > 1 && std::string(name) == "nccl" && !kfa::dist::nccl_available<Mem>()) {
+    if (!host_mem && p > 1 && std::string(name) == "nccl" &&
+        (!kfa::dist::nccl_available<Mem>() || asked.ranks_share_device())) {
       EXPECT_THROW(kfa::dist::ring_attention_forward(Exec(), asked, q, k, v, o, lse, {}, &stats), kfa::Error);
       continue;
     }

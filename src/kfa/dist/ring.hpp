@@ -58,7 +58,8 @@ enum class GpuAwareMpi {
 
 /// How a ring's buffers travel between ranks.
 enum class RingTransport {
-  automatic,      ///< host memory: MPI; device memory: NCCL if built, else GPU-aware MPI if reported, else staging
+  automatic,      ///< host memory: MPI; device memory: NCCL if built and no two ranks share a GPU, else GPU-aware
+                  ///< MPI if reported, else staging
   host_memory,    ///< (resolved only) host-accessible buffers go to MPI directly
   nccl,           ///< device buffers through NCCL (needs a build with Kokkos CUDA and NCCL)
   gpu_aware_mpi,  ///< device buffers to MPI directly (the MPI library must be GPU-aware)
@@ -115,6 +116,9 @@ class Ring {
     });
     MPI_Comm_rank(dup, &m_rank);
     MPI_Comm_size(dup, &m_size);
+#if defined(KFA_RING_NCCL)
+    m_ranks_share_device = detect_shared_device(dup);
+#endif
     if (const char* f = std::getenv("KFA_RING_FAULT")) {
       if (std::sscanf(f, "%d:%d", &m_fault_rank, &m_fault_step) != 2) m_fault_rank = m_fault_step = -1;
     }
@@ -148,11 +152,16 @@ class Ring {
   /// Asking for NCCL in a build without it fails at the next ring call, on every rank.
   void set_transport(RingTransport t) { m_transport = t; }
   RingTransport requested_transport() const { return m_transport; }
+  /// Whether two ranks of this ring run on the same GPU (the CUDA device current when the Ring was made; a
+  /// build with NCCL asks, others say false). NCCL cannot put them in one communicator: `automatic` then
+  /// passes over it, and asking for it is an error on every rank.
+  bool ranks_share_device() const { return m_ranks_share_device; }
   /// How buffers in memory space Mem travel with this ring (never `automatic`).
   template <class Mem>
   RingTransport resolved_transport() const {
     if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return RingTransport::host_memory;
-    if (m_transport == RingTransport::nccl || (m_transport == RingTransport::automatic && nccl_available<Mem>()))
+    if (m_transport == RingTransport::nccl ||
+        (m_transport == RingTransport::automatic && nccl_available<Mem>() && !m_ranks_share_device))
       return RingTransport::nccl;
     if (m_transport == RingTransport::gpu_aware_mpi || (m_transport == RingTransport::automatic && m_gpu_aware))
       return RingTransport::gpu_aware_mpi;
@@ -205,6 +214,28 @@ class Ring {
   }
 
  private:
+#if defined(KFA_RING_NCCL)
+  /// Collective over comm: whether two ranks' current CUDA devices have the same UUID (false where a rank
+  /// cannot tell, as before this check existed).
+  static bool detect_shared_device(MPI_Comm comm) {
+    struct {
+      unsigned char uuid[16];
+      int ok;
+    } mine{};
+    int dev = -1;
+    cudaDeviceProp prop{};
+    mine.ok = cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess;
+    if (mine.ok) std::memcpy(mine.uuid, prop.uuid.bytes, sizeof mine.uuid);
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    std::vector<decltype(mine)> all(static_cast<std::size_t>(size));
+    check_mpi(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm), "MPI_Allgather");
+    for (int a = 0; a < size; ++a)
+      for (int b = a + 1; b < size; ++b)
+        if (all[a].ok && all[b].ok && std::memcmp(all[a].uuid, all[b].uuid, sizeof mine.uuid) == 0) return true;
+    return false;
+  }
+#endif
   std::shared_ptr<MPI_Comm> m_comm;
   Layout m_layout;
   bool m_gpu_aware;
@@ -212,6 +243,7 @@ class Ring {
   std::size_t m_max_message_bytes = std::size_t(1) << 30;
   int m_fault_rank = -1, m_fault_step = -1;
   RingTransport m_transport = RingTransport::automatic;
+  bool m_ranks_share_device = false;
   bool m_cache_buffers = true;
   std::shared_ptr<std::map<std::string, std::shared_ptr<void>>> m_staging =
       std::make_shared<std::map<std::string, std::shared_ptr<void>>>();
@@ -637,6 +669,10 @@ void prepare_transport(const Ring& ring, const char* fn) {
       kfa::detail::fail(fn, ": the NCCL transport was asked for (Ring::set_transport or KFA_RING_TRANSPORT) but this ",
                         "build has no NCCL for this memory space (it needs Kokkos CUDA, and CMake finding NCCL with ",
                         "KFA_ENABLE_NCCL=ON); use the automatic or the staging transport");
+    if (t == RingTransport::nccl && ring.ranks_share_device())
+      kfa::detail::fail(fn, ": the NCCL transport was asked for (Ring::set_transport or KFA_RING_TRANSPORT) but ",
+                        "ranks of this ring share a GPU, which NCCL cannot put in one communicator; use the ",
+                        "automatic or the staging transport, or one GPU per rank");
   });
 #if defined(KFA_RING_NCCL)
   if constexpr (nccl_available<Mem>()) {
