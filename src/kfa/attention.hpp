@@ -121,7 +121,7 @@ struct ForwardPlan {
 
 namespace detail {
 /// The one place the forward's family is chosen: each family says why it cannot run these inputs ("" when
-/// it can); opts.path picks among those that can, in the order fa2, team, simt, portable.
+/// it can); opts.path picks among those that can, in the order fa2, team, tf32x3, simt, portable.
 template <class ExecSpace, class QV, class KV, class VV, class OV>
 ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                          const AttentionOptions& opts) {
@@ -136,6 +136,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   const std::string fa2_why = tc_why.empty() ? fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts) : tc_why;
   const std::string team_why =
       tc_why.empty() ? tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward") : tc_why;
+  const std::string tf32_why = tf32_forward_why_not(space, q, k, v, o, opts);
   const std::string simt_why = simt_forward_why_not<ExecSpace>(q, k, v, o, opts);
   auto need = [&](P family, const std::string& why) {
     if (!why.empty()) fail(fn, ": opts.path = ", to_string(family), " but ", why);
@@ -147,12 +148,14 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
     case P::tensor_core_fa2: family = need(P::tensor_core_fa2, fa2_why); break;
     case P::tensor_core_team: family = need(P::tensor_core_team, team_why); break;
     case P::simt_fp32: family = need(P::simt_fp32, simt_why); break;
+    case P::tensor_core_tf32x3: family = need(P::tensor_core_tf32x3, tf32_why); break;
     case P::tensor_core:
       family = fa2_why.empty() ? P::tensor_core_fa2 : team_why.empty() ? P::tensor_core_team : need(P::tensor_core, team_why);
       break;
     case P::automatic:
       family = fa2_why.empty()    ? P::tensor_core_fa2
                : team_why.empty() ? P::tensor_core_team
+               : tf32_why.empty() ? P::tensor_core_tf32x3
                : simt_why.empty() ? P::simt_fp32
                                   : P::portable;
       break;
@@ -164,6 +167,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
       tiles = fa2_forward_tiles(d, native_smem_max(space));
       break;
     case P::tensor_core_team: tiles = tc_forward_tiles(d, l0_max); break;
+    case P::tensor_core_tf32x3: tiles = tf32_forward_tiles(d, native_smem_max(space)); break;
     case P::simt_fp32: tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max); break;
     default: {
       tiles = forward_tile_config(space, q, k, opts);
@@ -200,6 +204,12 @@ void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV&
       return;
     case P::tensor_core_team:
       if constexpr (has_tensor_core_path<ExecSpace, T>::value) tc_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
+      return;
+    case P::tensor_core_tf32x3:
+#if KFA_HAS_TENSOR_CORES
+      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<T, float>::value)
+        tf32_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
+#endif
       return;
     case P::simt_fp32:
       if (q.extent(3) == 64)
@@ -289,7 +299,8 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
 
 /// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
 /// serves every tensor-core forward family), else simt_fp32 (float on CUDA), else portable; opts.path
-/// names one of them (tensor_core_team and tensor_core_fa2 name the tensor-core backward).
+/// names one of them (tensor_core_team and tensor_core_fa2 name the tensor-core backward, tensor_core_tf32x3
+/// the fp32 one: simt_fp32).
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
 BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
                            const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
@@ -321,7 +332,8 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   P family = P::portable;
   switch (opts.path) {
     case P::portable: family = P::portable; break;
-    case P::simt_fp32: need(simt_why), family = P::simt_fp32; break;
+    case P::simt_fp32:
+    case P::tensor_core_tf32x3: need(simt_why), family = P::simt_fp32; break;
     case P::tensor_core:
     case P::tensor_core_team:
     case P::tensor_core_fa2: need(why_not), family = P::tensor_core; break;

@@ -9,7 +9,8 @@ namespace kfa {
 /// its profiling region.
 enum class TileProductPath {
   automatic,    ///< the fastest family that can run these inputs: tensor_core_fa2, tensor_core_team,
-                ///< simt_fp32, portable (in that order; the backward: tensor_core, simt_fp32, portable)
+                ///< tensor_core_tf32x3, simt_fp32, portable (in that order; the backward: tensor_core,
+                ///< simt_fp32, portable)
   portable,     ///< team/vector loops that every backend runs (the reference path)
   tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_fa2, else tensor_core_team): CUDA
                 ///< sm_80+, half/bfloat16, head dim 64, 96 or 128, unit head-dim stride and 16-byte-aligned rows
@@ -18,6 +19,9 @@ enum class TileProductPath {
   tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
                      ///< natively with opt-in shared memory; the backward runs the tensor-core backward
   simt_fp32,    ///< the CUDA fp32 kernels, forward and backward (float, head dim 64/128, no block override)
+  tensor_core_tf32x3,  ///< forward: float on tensor cores in 3xTF32 (each product split in three tf32 mma,
+                       ///< about 2^-20 relative error per product; what torch's memory-efficient backend does
+                       ///< for float): CUDA sm_80+, head dim 64, 96 or 128; the backward runs simt_fp32
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.
@@ -57,6 +61,7 @@ inline std::string to_string(TileProductPath p) {
     case TileProductPath::tensor_core_team: return "tensor_core_team";
     case TileProductPath::tensor_core_fa2: return "tensor_core_fa2";
     case TileProductPath::simt_fp32: return "simt_fp32";
+    case TileProductPath::tensor_core_tf32x3: return "tensor_core_tf32x3";
   }
   return "unknown";
 }

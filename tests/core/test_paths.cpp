@@ -4,6 +4,7 @@
 // tests report a skip and the error tests carry the weight.
 #include "../common/kfa_test.hpp"
 
+#include <cstdio>
 #include <cstring>
 
 using namespace kfa_test;
@@ -160,36 +161,54 @@ TYPED_TEST(Paths, TensorCoreWhereItCannotRunIsAnError) {
   }
 }
 
-// float: `automatic` (on CUDA the fp32-tuned kernel, elsewhere the generic one) and `portable` against
-// float64 and each other, forward (the tuned kernel is forward-only).
-TEST(Paths, FloatAutomaticAgreesWithPortableAndReference) {
-  for (int d : {64, 128})
+// float: every family that can run it here (automatic, portable; on CUDA also simt_fp32 and the 3xTF32
+// tensor-core forward, each where its plan says it runs) against float64 and against portable, forward.
+TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
+  using P = kfa::TileProductPath;
+  int tf32_runs = 0;
+  const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
+  for (int d : {64, 96, 128})
     for (const RefOptions& ro : {RefOptions{}, [] { RefOptions c; c.causal = true; return c; }(),
                                  [] { RefOptions w; w.window_left = 40; w.window_right = 3; w.softcap = 15.0; return w; }()}) {
-      const Shape s{2, 211, 190, 4, 2, d};
-      const std::uint64_t seed = fresh_seed();
-      SCOPED_TRACE(describe(s, ro, seed));
-      std::mt19937_64 rng(seed);
-      Tensor<float> q("q", s.batch, s.seq_q, s.heads_q, d), k("k", s.batch, s.seq_k, s.heads_kv, d),
-          v("v", s.batch, s.seq_k, s.heads_kv, d);
-      const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
-      std::vector<double> oref, lref;
-      reference_forward64(s, ro, qh, kh, vh, oref, lref);
-      std::vector<std::vector<double>> outs;
-      for (kfa::TileProductPath path : {kfa::TileProductPath::automatic, kfa::TileProductPath::portable}) {
-        kfa::AttentionOptions opts = to_kfa(ro);
-        opts.path = path;
-        Tensor<float> o("o", s.batch, s.seq_q, s.heads_q, d);
-        Lse<float> lse("lse", s.batch, s.heads_q, s.seq_q);
-        poison(o), poison(lse);
-        kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
-        Exec().fence();
-        outs.push_back(to_doubles4(o));
-        EXPECT_TRUE(close_frobenius(outs.back(), oref, tolerance<float>())) << kfa::to_string(path);
-        EXPECT_TRUE(close_lse(to_doubles3(lse), lref, tolerance<float>())) << kfa::to_string(path);
+      for (const Shape& s : {Shape{2, 211, 190, 4, 2, d}, Shape{1, 300, 520, 2, 1, d}, Shape{1, 100, 30, 2, 2, d}}) {
+        if (s.seq_q == 100 && !ro.causal) continue;  // rows that see no key: the causal case only
+        if (small && s.seq_q != 211) continue;       // KFA_TEST_SMALL=1 (under compute-sanitizer): one shape
+        const std::uint64_t seed = fresh_seed();
+        SCOPED_TRACE(describe(s, ro, seed));
+        std::mt19937_64 rng(seed);
+        Tensor<float> q("q", s.batch, s.seq_q, s.heads_q, d), k("k", s.batch, s.seq_k, s.heads_kv, d),
+            v("v", s.batch, s.seq_k, s.heads_kv, d);
+        const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
+        std::vector<double> oref, lref;
+        reference_forward64(s, ro, qh, kh, vh, oref, lref);
+        std::vector<double> portable;
+        for (P path : {P::portable, P::automatic, P::simt_fp32, P::tensor_core_tf32x3}) {
+          kfa::AttentionOptions opts = to_kfa(ro);
+          opts.path = path;
+          Tensor<float> o("o", s.batch, s.seq_q, s.heads_q, d);
+          Lse<float> lse("lse", s.batch, s.heads_q, s.seq_q);
+          if (path == P::simt_fp32 || path == P::tensor_core_tf32x3) {
+            try {
+              (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
+            } catch (const kfa::Error&) {
+              continue;  // cannot run here (host builds; d = 96 for simt_fp32): the plan test covers the error
+            }
+            tf32_runs += path == P::tensor_core_tf32x3;
+          }
+          poison(o), poison(lse);
+          kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+          Exec().fence();
+          const std::vector<double> got = to_doubles4(o);
+          EXPECT_TRUE(close_frobenius(got, oref, tolerance<float>())) << kfa::to_string(path);
+          EXPECT_TRUE(close_lse(to_doubles3(lse), lref, tolerance<float>())) << kfa::to_string(path);
+          if (path == P::portable)
+            portable = got;
+          else
+            EXPECT_TRUE(close_frobenius(got, portable, tolerance<float>())) << kfa::to_string(path) << " vs portable";
+        }
       }
-      EXPECT_TRUE(close_frobenius(outs[0], outs[1], tolerance<float>())) << "automatic vs portable";
     }
+  if (tf32_runs == 0) std::printf("[ note ] tensor_core_tf32x3 cannot run on %s here: checked portable/automatic only\n", Exec::name());
 }
 
 TEST(Paths, NamesOfPaths) {
@@ -199,6 +218,7 @@ TEST(Paths, NamesOfPaths) {
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_team), "tensor_core_team");
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_fa2), "tensor_core_fa2");
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::simt_fp32), "simt_fp32");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_tf32x3), "tensor_core_tf32x3");
 }
 
 // plan_forward / plan_backward: the family a call runs, named in its region; a named family that cannot run
@@ -217,6 +237,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   EXPECT_EQ(b.region.rfind("kfa::attention_backward[" + kfa::to_string(b.family) + ",", 0), 0u) << b.region;
   EXPECT_NE(f.family, P::automatic);
   EXPECT_NE(f.family, P::tensor_core);
+  const bool f32cuda = f.family == P::simt_fp32 || f.family == P::tensor_core_tf32x3;  // float on CUDA
   if (kfa::has_tensor_core_path<Exec, T>::value) {
     // FA2's layout where the device gives it its shared memory (every sm_80+ GPU but sm_86/89), else the team kernel
     EXPECT_TRUE(f.family == P::tensor_core_fa2 || f.family == P::tensor_core_team) << f.region;
@@ -228,9 +249,13 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     blocks.block_k = 64;
     EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, blocks).family, P::tensor_core_team);
   } else {
-    const bool simt = f.family == P::simt_fp32;  // float on CUDA
-    EXPECT_TRUE(f.family == P::portable || simt) << f.region;
-    EXPECT_EQ(b.family, simt ? P::simt_fp32 : P::portable) << b.region;
+    EXPECT_TRUE(f.family == P::portable || f32cuda) << f.region;
+    EXPECT_EQ(b.family, f32cuda ? P::simt_fp32 : P::portable) << b.region;
+    // float on CUDA: 3xTF32 tensor cores exactly where that kernel says it can run, else the SIMT kernel
+    if (f32cuda)
+      EXPECT_EQ(f.family, kfa::detail::tf32_forward_why_not(Exec(), q, k, v, o, opts).empty() ? P::tensor_core_tf32x3
+                                                                                              : P::simt_fp32)
+          << kfa::detail::tf32_forward_why_not(Exec(), q, k, v, o, opts);
     for (P p : {P::tensor_core, P::tensor_core_team, P::tensor_core_fa2}) {
       opts.path = p;
       try {
@@ -241,26 +266,31 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       }
     }
   }
-  opts.path = P::simt_fp32;
-  if (std::is_same<T, float>::value && f.family == P::simt_fp32) {
-    EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::simt_fp32);
-  } else {
-    try {
-      (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
-      ADD_FAILURE() << "simt_fp32 planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
-    } catch (const kfa::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("opts.path = simt_fp32 but "), std::string::npos) << e.what();
+  // The fp32 families by name: each forward exactly where it runs (the SIMT one for float on CUDA, the 3xTF32
+  // one where automatic picked it); the backward of either is simt_fp32, on float on CUDA; elsewhere the
+  // error names the family.
+  for (P p : {P::simt_fp32, P::tensor_core_tf32x3}) {
+    opts.path = p;
+    const std::string expect = "opts.path = " + kfa::to_string(p) + " but ";
+    if (p == P::simt_fp32 ? f32cuda : f.family == p) {
+      EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, p);
+    } else {
+      try {
+        (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
+        ADD_FAILURE() << kfa::to_string(p) << " planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
+      } catch (const kfa::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+      }
     }
-  }
-  // the backward: simt_fp32 exactly where the forward has it (float on CUDA), else the same error
-  if (std::is_same<T, float>::value && f.family == P::simt_fp32) {
-    EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::simt_fp32);
-  } else {
-    try {
-      (void)kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
-      ADD_FAILURE() << "simt_fp32 backward planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
-    } catch (const kfa::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("opts.path = simt_fp32 but "), std::string::npos) << e.what();
+    if (f32cuda) {
+      EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::simt_fp32);
+    } else {
+      try {
+        (void)kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
+        ADD_FAILURE() << kfa::to_string(p) << " backward planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
+      } catch (const kfa::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+      }
     }
   }
   opts.path = P::portable;
