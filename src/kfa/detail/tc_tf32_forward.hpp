@@ -44,8 +44,8 @@ namespace detail {
 /// Tiles, measured on the H200 (fp32 forward, N = 4096/16384, kfa vs kfa in one call; perf/RESULTS.md, eighth
 /// session): 8 warps of 16 rows (128-row Q block), one block per SM with up to 255 registers. K/V tiles of
 /// 32 keys at d = 96/128: with 64 the per-tile partial sums (see the top) made d = 128 spill 28-32 B; 64 at
-/// d = 64 (57.7-59.0 TF/s against 50.0-51.1 with 32). 4 warps with two blocks per SM ran within 1% at
-/// d = 128. Build-time knobs for tuning experiments: warps per block, keys per K/V tile, blocks per SM.
+/// d = 64 (55.1-59.0 TF/s against 47.7-51.1 with 32). 4 warps with two blocks per SM: -1.0 to +2.7% at
+/// d = 128, so the simpler one block stays. Build-time knobs for tuning experiments: warps per block, keys per K/V tile, blocks per SM.
 #ifndef KFA_TF32_WARPS
 #define KFA_TF32_WARPS 8
 #endif
