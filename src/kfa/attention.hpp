@@ -128,12 +128,16 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   using T = typename QV::non_const_value_type;
   using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
+  std::string views_why;
+  tc_add_view_problem(views_why, "q", q);
+  tc_add_view_problem(views_why, "k", k);
+  tc_add_view_problem(views_why, "v", v);
+  tc_add_view_problem(views_why, "o", o);
   std::string tc_why = tc_space_problem<ExecSpace, T>(space, d);
-  tc_add_view_problem(tc_why, "q", q);
-  tc_add_view_problem(tc_why, "k", k);
-  tc_add_view_problem(tc_why, "v", v);
-  tc_add_view_problem(tc_why, "o", o);
-  const std::string fa2_why = tc_why.empty() ? fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts) : tc_why;
+  if (tc_why.empty()) tc_why = views_why;
+  std::string fa2_why = tc_space_problem<ExecSpace, T>(space, d, true);  // the FA2-layout forward also has d = 256
+  if (fa2_why.empty()) fa2_why = views_why;
+  if (fa2_why.empty()) fa2_why = fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts);
   const std::string team_why =
       tc_why.empty() ? tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward") : tc_why;
   const std::string tf32_why = tf32_forward_why_not(space, q, k, v, o, opts);

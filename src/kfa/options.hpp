@@ -13,7 +13,8 @@ enum class TileProductPath {
                 ///< simt_fp32, portable)
   portable,     ///< team/vector loops that every backend runs (the reference path)
   tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_fa2, else tensor_core_team): CUDA
-                ///< sm_80+, half/bfloat16, head dim 64, 96 or 128, unit head-dim stride and 16-byte-aligned rows
+                ///< sm_80+, half/bfloat16, head dim 64, 96 or 128 (the forward also 256), unit head-dim stride
+                ///< and 16-byte-aligned rows
   tensor_core_team,  ///< forward: the Kokkos team kernel on tensor cores (16 rows per warp, 40 KB of team
                      ///< scratch); the backward runs the tensor-core backward
   tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched

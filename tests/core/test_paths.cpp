@@ -141,6 +141,63 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
   }
 }
 
+// Head dim 256: the FA2-layout forward runs it (one m16 tile per warp); the tensor-core backward does not,
+// so automatic runs the portable backward and naming tensor_core there is an error saying why.
+TYPED_TEST(Paths, TensorCoreForwardHeadDim256) {
+  using T = TypeParam;
+  using P = kfa::TileProductPath;
+  if constexpr (!kfa::has_tensor_core_path<Exec, T>::value) {
+    GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
+  } else {
+    const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
+    RefOptions plain, causal, window;
+    causal.causal = true;
+    window.window_left = 37;
+    window.window_right = 5;
+    window.softcap = 20.0;
+    const std::pair<Shape, RefOptions> cases[] = {
+        {{2, 200, 200, 2, 2, 256}, plain},   // partial last tiles on both sides
+        {{1, 65, 300, 4, 2, 256}, plain},    // GQA, seq_q != seq_k
+        {{1, 300, 520, 2, 1, 256}, causal},  // many key tiles: both stages
+        {{1, 100, 30, 2, 2, 256}, causal},   // rows that see no key
+        {{1, 257, 190, 2, 2, 256}, window}};
+    for (const auto& [s, ro] : cases) {
+      if (small && s.seq_q != 100) continue;
+      const std::uint64_t seed = fresh_seed();
+      SCOPED_TRACE(describe(s, ro, seed));
+      std::mt19937_64 rng(seed);
+      Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+          v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim);
+      const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
+      std::vector<double> oref, lref;
+      reference_forward64(s, ro, qh, kh, vh, oref, lref);
+      std::vector<double> outs[2];
+      for (int i = 0; i < 2; ++i) {
+        kfa::AttentionOptions opts = to_kfa(ro);
+        opts.path = i == 0 ? P::tensor_core : P::portable;
+        Tensor<T> o("o", s.batch, s.seq_q, s.heads_q, s.head_dim);
+        Lse<T> lse("lse", s.batch, s.heads_q, s.seq_q);
+        if (i == 0) EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::tensor_core_fa2);
+        poison(o), poison(lse);
+        kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+        Exec().fence();
+        outs[i] = to_doubles4(o);
+        EXPECT_TRUE(close_frobenius(outs[i], oref, tolerance<T>())) << kfa::to_string(opts.path) << " o";
+        EXPECT_TRUE(close_lse(to_doubles3(lse), lref, tolerance<float>() * 10)) << kfa::to_string(opts.path) << " lse";
+      }
+      EXPECT_TRUE(close_frobenius(outs[0], outs[1], tolerance<T>())) << "o: tensor_core vs portable";
+    }
+    const Shape s{1, 64, 64, 2, 2, 256};
+    Tensor<T> q("q", 1, 64, 2, 256), dq("dq", 1, 64, 2, 256), dk("dk", 1, 64, 2, 256), dv("dv", 1, 64, 2, 256);
+    kfa::AttentionOptions opts;
+    EXPECT_EQ(kfa::plan_backward(Exec(), q, q, q, q, dq, dk, dv, opts).family, P::portable);
+    opts.path = P::tensor_core;
+    const std::string e = error_of<T>(s, opts, true);
+    EXPECT_NE(e.find("head_dim = 256"), std::string::npos) << e;
+    EXPECT_NE(e.find("only the forward for 256"), std::string::npos) << e;
+  }
+}
+
 TYPED_TEST(Paths, TensorCoreWhereItCannotRunIsAnError) {
   using T = TypeParam;
   kfa::AttentionOptions opts;

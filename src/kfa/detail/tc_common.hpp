@@ -27,11 +27,16 @@ namespace kfa {
 namespace detail {
 
 /// Head dims the tensor-core kernels are instantiated for (each kernel's shape struct says its tiles per
-/// head dim). 256 is not: its fp32 accumulators alone (dK and dV, or O of two m16 tiles) would take 256
-/// registers per thread in the 16-rows-per-warp layouts these kernels share.
+/// head dim). 256 only in the FA2-layout forward (below): the backward's fp32 accumulators alone (dK and dV)
+/// would take 256 registers per thread in its layouts.
 inline bool tc_head_dim_supported(int d) { return d == 64 || d == 96 || d == 128; }
 /// The message part that lists them, for errors ("the tensor-core kernels exist for ...").
 inline const char* tc_head_dims_text() { return "64, 96 and 128"; }
+
+/// Head dims of the FA2-layout forward (tc_fa2_forward.hpp): the family's and 256, where a warp takes one m16
+/// tile of query rows instead of two (O's fp32 accumulator alone is 128 registers per thread). The other
+/// tensor-core kernels (the team forward, the backward) stop at 128.
+inline bool fa2_forward_head_dim_supported(int d) { return tc_head_dim_supported(d) || d == 256; }
 
 /// f(std::integral_constant<int, D>{}) for the supported head dim D == d: the one switch from a run-time
 /// head dim to the kernels' instances, which every tensor-core launcher and tile query goes through
@@ -41,6 +46,12 @@ decltype(auto) tc_head_dim_switch(int d, F&& f) {
   if (d == 64) return f(std::integral_constant<int, 64>{});
   if (d == 96) return f(std::integral_constant<int, 96>{});
   return f(std::integral_constant<int, 128>{});
+}
+/// The same over fa2_forward_head_dim_supported (the FA2-layout forward's launchers and tile queries only).
+template <class F>
+decltype(auto) fa2_forward_head_dim_switch(int d, F&& f) {
+  if (d == 256) return f(std::integral_constant<int, 256>{});
+  return tc_head_dim_switch(d, f);
 }
 
 /// Why a view cannot feed the tensor-core kernels (16-byte cp.async rows need a unit stride over the

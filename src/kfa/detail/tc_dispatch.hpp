@@ -25,9 +25,10 @@
 namespace kfa {
 namespace detail {
 
-/// Why the tensor-core kernels cannot run T elements with this head dim on `space` ("" when they can).
+/// Why the tensor-core kernels cannot run T elements with this head dim on `space` ("" when they can);
+/// `fa2_forward`: asked for the FA2-layout forward, which also has head dim 256.
 template <class ExecSpace, class T>
-std::string tc_space_problem(const ExecSpace& space, int head_dim) {
+std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2_forward = false) {
   if (!has_tensor_core_path<ExecSpace, T>::value)
     return std::string("there is no tensor-core path for ") + dtype_name<T>() + " on " + ExecSpace::name() +
            " (it needs Kokkos::Cuda built for sm_80 or newer and half or bfloat16 elements)";
@@ -41,8 +42,9 @@ std::string tc_space_problem(const ExecSpace& space, int head_dim) {
 #else
   (void)space;
 #endif
-  if (!tc_head_dim_supported(head_dim))
-    return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() + ")";
+  if (fa2_forward ? !fa2_forward_head_dim_supported(head_dim) : !tc_head_dim_supported(head_dim))
+    return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() +
+           (fa2_forward ? "; the FA2-layout forward also for 256)" : (head_dim == 256 ? "; only the forward for 256)" : ")"));
   return "";
 }
 
@@ -140,7 +142,7 @@ std::string fa2_forward_why_not(const ExecSpace& space, int d, long seq_k, const
   if (!why.empty()) return why;
   if (seq_k > 2147483647L - 256)  // key positions are ints in its tile loop (fewer registers: no spills)
     return "seq_k = " + std::to_string(seq_k) + " (the FA2-layout forward indexes keys with 32-bit ints)";
-  return tc_head_dim_switch(d, [&](auto dc) {
+  return fa2_forward_head_dim_switch(d, [&](auto dc) {
     using S = Fa2ForwardShape<decltype(dc)::value>;
     return tc_block_problem(opts, S::block_q, S::block_k, "forward");
   });
@@ -162,7 +164,7 @@ inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) { return tc_forward_tiles<decltype(dc)::value>(l0_max); });
 }
 inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
-  return tc_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
+  return fa2_forward_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
 }
 inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused, bool fa2, bool fa2_dq) {
   return tc_head_dim_switch(head_dim, [&](auto dc) {

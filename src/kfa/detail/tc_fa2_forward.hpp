@@ -5,7 +5,7 @@
 /// perf/RESULTS.md). Same algorithm, same fragments (tc_common.hpp), same combine rule.
 ///
 /// Per block: 4 warps, BQ = 128 query rows, 32 rows (two m16 tiles) per warp, so every K or V fragment a
-/// warp reads from shared memory feeds four mma instead of two. Q is copied to shared memory once and
+/// warp reads from shared memory feeds four mma instead of two (d = 256: 8 warps of 16 rows). Q is copied to shared memory once and
 /// re-read with ldmatrix; K and V tiles of BC keys are double-buffered (two real stages): the loads of
 /// tile j+1 are in flight while tile j is multiplied. S, P and O live in registers; the softmax runs in
 /// base 2 with the scale folded into one FFMA per element.
@@ -44,15 +44,24 @@ namespace detail {
 #ifndef KFA_FA2_D128_BLOCK_K
 #define KFA_FA2_D128_BLOCK_K 64
 #endif
+/// d = 256: 8 warps of one m16 tile each (O alone is 128 registers), one block per SM, 32 keys per tile
+/// (S in 16 registers; 64 keys would take 270 KB of shared memory with the 128-row Q block).
+#ifndef KFA_FA2_D256_BLOCK_K
+#define KFA_FA2_D256_BLOCK_K 32
+#endif
 template <int D>
 struct Fa2ForwardShape {
-  static constexpr int warps = 4;
-  static constexpr int min_blocks = 2;  // resident blocks per SM the registers are bounded for
-  static constexpr int block_q = 32 * warps;
-  static constexpr int block_k = D <= 64 ? KFA_FA2_D64_BLOCK_K : D <= 96 ? KFA_FA2_D96_BLOCK_K : KFA_FA2_D128_BLOCK_K;
+  static constexpr int mt = D > 128 ? 1 : 2;  // m16 tiles (16 query rows each) per warp
+  static constexpr int warps = D > 128 ? 8 : 4;
+  static constexpr int min_blocks = D > 128 ? 1 : 2;  // resident blocks per SM the registers are bounded for
+  static constexpr int block_q = 16 * mt * warps;
+  static constexpr int block_k = D <= 64    ? KFA_FA2_D64_BLOCK_K
+                                 : D <= 96  ? KFA_FA2_D96_BLOCK_K
+                                 : D <= 128 ? KFA_FA2_D128_BLOCK_K
+                                            : KFA_FA2_D256_BLOCK_K;
   static constexpr int pitch = D + 8;  // elements per shared row (16-byte pad: conflict-free ldmatrix)
   static_assert(D % 16 == 0 && (D / 8) % 2 == 0 && block_k % 16 == 0, "n-tiles are taken in pairs");
-  /// Q, then two stages of K and V, all 16-bit (d = 64: 92 KB, 96: 80 KB, 128: 104 KB).
+  /// Q, then two stages of K and V, all 16-bit (d = 64: 92 KB, 96: 80 KB, 128: 104 KB, 256: 132 KB).
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * pitch * 2;
 };
 
@@ -108,13 +117,13 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
 #if KFA_TC_DEVICE
   using Shape = Fa2ForwardShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, P = Shape::pitch, NT = 32 * Shape::warps;
-  constexpr int MT = 2;  // m16 tiles per warp
+  constexpr int MT = Shape::mt;  // m16 tiles per warp
   extern __shared__ __align__(16) unsigned char fa2_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int g = lane >> 2, t4 = lane & 3;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 32;  // this warp's first query row
+  const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
   const KeyMask& mask = a.mask;
 
@@ -162,7 +171,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
   // Q as A (row-major): matrices (rows +0, d +0), (rows +8, d +0), (rows +0, d +8), (rows +8, d +8)
-  const std::uint32_t q_lane = qs + static_cast<std::uint32_t>(((warp * 32 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+  const std::uint32_t q_lane = qs + static_cast<std::uint32_t>(((warp * 16 * MT + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
   // K as B of S = Q·Kᵀ: matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8)
   const std::uint32_t k_off = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
   // V as B of O += P·V (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
@@ -329,7 +338,8 @@ template <class ExecSpace>
 std::string fa2_forward_problem(const ExecSpace& space, int d) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    const std::size_t smem = tc_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
+    const std::size_t smem =
+        fa2_forward_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
     return native_smem_problem(space, smem, "the FA2-layout forward");
   }
 #endif
@@ -358,7 +368,7 @@ void fa2_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, c
 template <class QV, class KV, class VV, class OV, class LV>
 void fa2_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
                         float scale, float softcap, const KeyMask& mask) {
-  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+  fa2_forward_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (softcap > 0.f)
       fa2_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
