@@ -29,7 +29,7 @@
 /// head dims 32p + 8t … 32p + 8t + 7 of its rows (two 16-byte stores).
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_common.hpp>
-#include <kfa/detail/tc_fa2_forward.hpp>  // Fa2ForwardArgs, strides3
+#include <kfa/detail/tc_fa2_forward.hpp>  // Fa2ForwardArgs, native_forward_launch
 #include <kfa/detail/tc_native.hpp>
 #include <kfa/online_softmax.hpp>
 
@@ -330,15 +330,9 @@ void tf32_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, 
                     std::is_same<typename OV::non_const_value_type, float>::value &&
                     std::is_same<typename LV::non_const_value_type, float>::value,
                 "the 3xTF32 forward takes float");
-  using Shape = Tf32ForwardShape<D>;
-  Fa2ForwardArgs<float> a;
-  const long league = a.set_qkv(q, k, v, Shape::block_q, scale, mask);  // native_launch checks it fits an int
-  a.o = o.data();
-  a.lse = lse.data();
-  strides3(o, a.o_s), strides3(lse, a.l_s);
-  a.softcap = softcap;
-  native_launch(space, "kfa::attention_forward[tensor_core_tf32x3]", &tc_tf32_forward_kernel<D, Softcap>, league,
-                dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
+  native_forward_launch<Tf32ForwardShape<D>, float>(space, "kfa::attention_forward[tensor_core_tf32x3]",
+                                                     &tc_tf32_forward_kernel<D, Softcap>, q, k, v, o, lse, scale,
+                                                     softcap, mask);
 }
 
 template <class QV, class KV, class VV, class OV, class LV>
