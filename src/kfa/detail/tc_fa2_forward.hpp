@@ -44,10 +44,11 @@ namespace detail {
 #ifndef KFA_FA2_D128_BLOCK_K
 #define KFA_FA2_D128_BLOCK_K 64
 #endif
-/// d = 256: 8 warps of one m16 tile each (O alone is 128 registers), one block per SM, 32 keys per tile
-/// (S in 16 registers; 64 keys would take 270 KB of shared memory with the 128-row Q block).
+/// d = 256: 8 warps of one m16 tile each (O alone is 128 registers), one block per SM, 64 keys per tile
+/// (203 KB of shared memory; 254-255 registers, no spills): 15-17% faster than 32 keys (H200, bf16/fp16,
+/// N = 4096/16384, kfa vs kfa in one call; perf/RESULTS.md, eighth session).
 #ifndef KFA_FA2_D256_BLOCK_K
-#define KFA_FA2_D256_BLOCK_K 32
+#define KFA_FA2_D256_BLOCK_K 64
 #endif
 template <int D>
 struct Fa2ForwardShape {
@@ -61,7 +62,7 @@ struct Fa2ForwardShape {
                                             : KFA_FA2_D256_BLOCK_K;
   static constexpr int pitch = D + 8;  // elements per shared row (16-byte pad: conflict-free ldmatrix)
   static_assert(D % 16 == 0 && (D / 8) % 2 == 0 && block_k % 16 == 0, "n-tiles are taken in pairs");
-  /// Q, then two stages of K and V, all 16-bit (d = 64: 92 KB, 96: 80 KB, 128: 104 KB, 256: 132 KB).
+  /// Q, then two stages of K and V, all 16-bit (d = 64: 92 KB, 96: 80 KB, 128: 104 KB, 256: 203 KB).
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * pitch * 2;
 };
 
