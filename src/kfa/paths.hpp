@@ -9,8 +9,9 @@
 /// older GPUs, and builds where Kokkos has no separate half/bfloat16 type. It is only the compile-time side:
 /// at run time the device's compute capability (8.0 or newer), the head dim (64, 96 or 128; the forward
 /// also 256), a unit head-dim stride and 16-byte-aligned rows are checked too; `automatic` then falls back
-/// to another path and an explicit TileProductPath::tensor_core is a kfa::Error. kfa::plan_forward / plan_backward say which
-/// family a call runs; its profiling region's name says it too, e.g.
+/// to another path and an explicit TileProductPath::tensor_core is a kfa::Error. (float has a tensor-core
+/// forward of its own, TileProductPath::tensor_core_tf32x3, which this trait does not cover.)
+/// kfa::plan_forward / plan_backward say which family a call runs; its profiling region's name says it too, e.g.
 /// `kfa::attention_forward[tensor_core_fa2,bfloat16,d128,bq128,bk64]`.
 ///
 /// KFA_HAS_TENSOR_CORES is 1 when this build compiles the tensor-core kernels at all (some

@@ -31,7 +31,8 @@ template <class ExecSpace, class T>
 std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2_forward = false) {
   if (!has_tensor_core_path<ExecSpace, T>::value)
     return std::string("there is no tensor-core path for ") + dtype_name<T>() + " on " + ExecSpace::name() +
-           " (it needs Kokkos::Cuda built for sm_80 or newer and half or bfloat16 elements)";
+           " (it needs Kokkos::Cuda built for sm_80 or newer and half or bfloat16 elements" +
+           (std::is_same<T, float>::value ? "; float's forward has its own: tensor_core_tf32x3)" : ")");
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     const auto& prop = space.cuda_device_prop();

@@ -5,9 +5,9 @@
 /// perf/RESULTS.md). Same algorithm, same fragments (tc_common.hpp), same combine rule.
 ///
 /// Per block: 4 warps, BQ = 128 query rows, 32 rows (two m16 tiles) per warp, so every K or V fragment a
-/// warp reads from shared memory feeds four mma instead of two (d = 256: 8 warps of 16 rows). Q is copied to shared memory once and
-/// re-read with ldmatrix; K and V tiles of BC keys are double-buffered (two real stages): the loads of
-/// tile j+1 are in flight while tile j is multiplied. S, P and O live in registers; the softmax runs in
+/// warp reads from shared memory feeds four mma instead of two (d = 256: 8 warps of 16 rows). Q is copied
+/// to shared memory once and re-read with ldmatrix; K and V tiles of BC keys are double-buffered (two real
+/// stages): the loads of tile j+1 are in flight while tile j is multiplied. S, P and O live in registers; the softmax runs in
 /// base 2 with the scale folded into one FFMA per element.
 ///
 /// Ordering with the user's work: the kernel is enqueued on space.cuda_stream(), the stream every Kokkos
