@@ -135,7 +135,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   tc_add_view_problem(views_why, "o", o);
   std::string tc_why = tc_space_problem<ExecSpace, T>(space, d);
   if (tc_why.empty()) tc_why = views_why;
-  std::string fa2_why = tc_space_problem<ExecSpace, T>(space, d, true);  // the FA2-layout forward also has d = 256
+  std::string fa2_why = tc_space_problem<ExecSpace, T>(space, d, true);  // the FA2-layout kernels also have d = 256
   if (fa2_why.empty()) fa2_why = views_why;
   if (fa2_why.empty()) fa2_why = fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts);
   const std::string team_why =
@@ -312,7 +312,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
   const bool fused = !opts.deterministic && tc_atomic_dq_pays(space, d);  // atomic dQ where it is the faster
-  std::string why_not = tc_space_problem<ExecSpace, T>(space, d);
+  std::string why_not = tc_space_problem<ExecSpace, T>(space, d, true);  // d = 256: the FA2-layout kernels only
   if (why_not.empty()) why_not = tc_backward_problem(space, d, fused);
   const bool fa2 = why_not.empty() && tc_fa2_backward_runs(space, d, fused);
   const bool fa2_dq = why_not.empty() && !fused && fa2_dq_problem(space, d).empty();

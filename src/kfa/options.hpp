@@ -13,8 +13,9 @@ enum class TileProductPath {
                 ///< simt_fp32, portable)
   portable,     ///< team/vector loops that every backend runs (the reference path)
   tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_fa2, else tensor_core_team): CUDA
-                ///< sm_80+, half/bfloat16, head dim 64, 96 or 128 (the forward also 256), unit head-dim stride
-                ///< and 16-byte-aligned rows
+                ///< sm_80+, half/bfloat16, head dim 64, 96, 128 or 256 (256: FA2-layout kernels only, the
+                ///< backward where the device has 216 KB of shared memory per block), unit head-dim stride and
+                ///< 16-byte-aligned rows
   tensor_core_team,  ///< forward: the Kokkos team kernel on tensor cores (16 rows per warp, 40 KB of team
                      ///< scratch); the backward runs the tensor-core backward
   tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched

@@ -7,8 +7,9 @@
 /// Kokkos::Experimental::half_t / bhalf_t), in a build whose Kokkos targets sm_80 or newer (Ampere, Ada,
 /// Hopper, Blackwell). It is false everywhere else: host execution spaces, float and double, CUDA builds for
 /// older GPUs, and builds where Kokkos has no separate half/bfloat16 type. It is only the compile-time side:
-/// at run time the device's compute capability (8.0 or newer), the head dim (64, 96 or 128; the forward
-/// also 256), a unit head-dim stride and 16-byte-aligned rows are checked too; `automatic` then falls back
+/// at run time the device's compute capability (8.0 or newer), the head dim (64, 96, 128 or 256; the
+/// backward at 256 where the device has the shared memory), a unit head-dim stride and 16-byte-aligned rows
+/// are checked too; `automatic` then falls back
 /// to another path and an explicit TileProductPath::tensor_core is a kfa::Error. (float has a tensor-core
 /// forward of its own, TileProductPath::tensor_core_tf32x3, which this trait does not cover.)
 /// kfa::plan_forward / plan_backward say which family a call runs; its profiling region's name says it too, e.g.

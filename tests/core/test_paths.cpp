@@ -52,8 +52,11 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const kfa::AttentionOptions opts = to_kfa(ro);
   const Run<T> tc = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
   const Run<T> pt = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
-  // The Kokkos team forward, which tensor_core passes over where the FA2-layout kernel can run.
-  const Run<T> team = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_team);
+  // The Kokkos team forward, which tensor_core passes over where the FA2-layout kernel can run (head dims
+  // up to 128: at 256 the FA2-layout kernels are the only tensor-core ones).
+  const bool has_team = s.head_dim <= 128;
+  const Run<T> team = run_path(s, q, k, v, d_o, opts, has_team ? kfa::TileProductPath::tensor_core_team
+                                                                : kfa::TileProductPath::tensor_core);
   // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false).
   kfa::AttentionOptions nondet = opts;
   nondet.deterministic = false;
@@ -73,7 +76,7 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     EXPECT_TRUE(close_frobenius(to_doubles4(r->dk), dkr, tol)) << name << " dk";
     EXPECT_TRUE(close_frobenius(to_doubles4(r->dv), dvr, tol)) << name << " dv";
   }
-  EXPECT_TRUE(close_frobenius(to_doubles4(team.o), oref, tol)) << "tensor_core_team o";
+  EXPECT_TRUE(close_frobenius(to_doubles4(team.o), oref, tol)) << "tensor_core_team o";  // d = 256: tensor_core again
   EXPECT_TRUE(close_lse(to_doubles3(team.lse), lref, tolerance<float>() * 10)) << "tensor_core_team lse";
   EXPECT_TRUE(close_frobenius(to_doubles4(team.o), to_doubles4(pt.o), tol)) << "o: tensor_core_team vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.o), to_doubles4(pt.o), tol)) << "o: tensor_core vs portable";
@@ -141,15 +144,18 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
   }
 }
 
-// Head dim 256: the FA2-layout forward runs it (one m16 tile per warp); the tensor-core backward does not,
-// so automatic runs the portable backward and naming tensor_core there is an error saying why.
-TYPED_TEST(Paths, TensorCoreForwardHeadDim256) {
+// Head dim 256: the FA2-layout kernels run it, forward and backward (dK/dV with 64 keys per block, dQ with one
+// m16 tile per warp). Where the device does not give the backward its shared memory (sm_80's 163 KB, sm_86/89's
+// 99 KB), automatic runs the portable backward and naming tensor_core there is an error saying why.
+TYPED_TEST(Paths, TensorCoreHeadDim256) {
   using T = TypeParam;
   using P = kfa::TileProductPath;
   if constexpr (!kfa::has_tensor_core_path<Exec, T>::value) {
     GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
   } else {
     const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
+    const std::string bwd_why = kfa::detail::tc_backward_problem(Exec(), 256, false);
+    const std::string atomic_why = kfa::detail::tc_backward_problem(Exec(), 256, true);
     RefOptions plain, causal, window;
     causal.causal = true;
     window.window_left = 37;
@@ -158,11 +164,15 @@ TYPED_TEST(Paths, TensorCoreForwardHeadDim256) {
     const std::pair<Shape, RefOptions> cases[] = {
         {{2, 200, 200, 2, 2, 256}, plain},   // partial last tiles on both sides
         {{1, 65, 300, 4, 2, 256}, plain},    // GQA, seq_q != seq_k
-        {{1, 300, 520, 2, 1, 256}, causal},  // many key tiles: both stages
+        {{1, 300, 520, 2, 1, 256}, causal},  // many key and query tiles: both stages of every double buffer
         {{1, 100, 30, 2, 2, 256}, causal},   // rows that see no key
         {{1, 257, 190, 2, 2, 256}, window}};
     for (const auto& [s, ro] : cases) {
       if (small && s.seq_q != 100) continue;
+      if (bwd_why.empty() && atomic_why.empty()) {  // forward and backward, every tensor-core kernel of d = 256
+        check_paths_agree<T>(s, ro);
+        continue;
+      }
       const std::uint64_t seed = fresh_seed();
       SCOPED_TRACE(describe(s, ro, seed));
       std::mt19937_64 rng(seed);
@@ -177,7 +187,6 @@ TYPED_TEST(Paths, TensorCoreForwardHeadDim256) {
         opts.path = i == 0 ? P::tensor_core : P::portable;
         Tensor<T> o("o", s.batch, s.seq_q, s.heads_q, s.head_dim);
         Lse<T> lse("lse", s.batch, s.heads_q, s.seq_q);
-        if (i == 0) EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::tensor_core_fa2);
         poison(o), poison(lse);
         kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
         Exec().fence();
@@ -187,14 +196,29 @@ TYPED_TEST(Paths, TensorCoreForwardHeadDim256) {
       }
       EXPECT_TRUE(close_frobenius(outs[0], outs[1], tolerance<T>())) << "o: tensor_core vs portable";
     }
+    // The plans: the FA2-layout forward; the tensor-core backward with its d = 256 tiles where it runs.
     const Shape s{1, 64, 64, 2, 2, 256};
-    Tensor<T> q("q", 1, 64, 2, 256), dq("dq", 1, 64, 2, 256), dk("dk", 1, 64, 2, 256), dv("dv", 1, 64, 2, 256);
-    kfa::AttentionOptions opts;
-    EXPECT_EQ(kfa::plan_backward(Exec(), q, q, q, q, dq, dk, dv, opts).family, P::portable);
-    opts.path = P::tensor_core;
-    const std::string e = error_of<T>(s, opts, true);
-    EXPECT_NE(e.find("head_dim = 256"), std::string::npos) << e;
-    EXPECT_NE(e.find("only the forward for 256"), std::string::npos) << e;
+    Tensor<T> q("q", 1, 64, 2, 256), o("o", 1, 64, 2, 256), dq("dq", 1, 64, 2, 256), dk("dk", 1, 64, 2, 256),
+        dv("dv", 1, 64, 2, 256);
+    kfa::AttentionOptions opts, nondet;
+    nondet.deterministic = false;
+    EXPECT_EQ(kfa::plan_forward(Exec(), q, q, q, o, opts).family, P::tensor_core_fa2);
+    const kfa::BackwardPlan b = kfa::plan_backward(Exec(), q, q, q, q, dq, dk, dv, opts);
+    const kfa::BackwardPlan nb = kfa::plan_backward(Exec(), q, q, q, q, dq, dk, dv, nondet);
+    EXPECT_EQ(b.family, bwd_why.empty() ? P::tensor_core : P::portable) << b.region;
+    EXPECT_EQ(nb.family, atomic_why.empty() ? P::tensor_core : P::portable) << nb.region;
+    if (b.family == P::tensor_core) {
+      EXPECT_FALSE(b.atomic_dq) << b.region;
+      EXPECT_EQ(b.tiles.dkdv.block_k, 64) << b.region;
+      EXPECT_EQ(b.tiles.dkdv.team_size, 256) << b.region;
+      EXPECT_EQ(b.tiles.dq.block_q, 128) << b.region;
+      EXPECT_EQ(b.tiles.dq.team_size, 256) << b.region;
+    } else {
+      opts.path = P::tensor_core;
+      const std::string e = error_of<T>(s, opts, true);
+      EXPECT_NE(e.find("opts.path = tensor_core but the device allows"), std::string::npos) << e;
+    }
+    if (nb.family == P::tensor_core) EXPECT_TRUE(nb.atomic_dq) << nb.region;
   }
 }
 

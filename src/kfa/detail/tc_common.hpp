@@ -27,16 +27,17 @@ namespace kfa {
 namespace detail {
 
 /// Head dims the tensor-core kernels are instantiated for (each kernel's shape struct says its tiles per
-/// head dim). 256 only in the FA2-layout forward (below): the backward's fp32 accumulators alone (dK and dV)
-/// would take 256 registers per thread in its layouts.
+/// head dim). 256 only in the FA2-layout kernels (below): the team forward's and the 16-keys-per-warp
+/// backward's fp32 accumulators would not fit a thread's registers there.
 inline bool tc_head_dim_supported(int d) { return d == 64 || d == 96 || d == 128; }
 /// The message part that lists them, for errors ("the tensor-core kernels exist for ...").
 inline const char* tc_head_dims_text() { return "64, 96 and 128"; }
 
-/// Head dims of the FA2-layout forward (tc_fa2_forward.hpp): the family's and 256, where a warp takes one m16
-/// tile of query rows instead of two (O's fp32 accumulator alone is 128 registers per thread). The other
-/// tensor-core kernels (the team forward, the backward) stop at 128.
-inline bool fa2_forward_head_dim_supported(int d) { return tc_head_dim_supported(d) || d == 256; }
+/// Head dims of the FA2-layout kernels (the forward in tc_fa2_forward.hpp, dK/dV in tc_fa2_backward.hpp, dQ
+/// in tc_fa2_dq.hpp): the family's and 256. At 256 a forward or dQ warp takes one m16 tile of query rows
+/// instead of two (O's or dQ's fp32 accumulator alone is 128 registers per thread) and a dK/dV block owns 64
+/// keys instead of 128. The team forward and the 16-keys-per-warp backward stop at 128.
+inline bool fa2_head_dim_supported(int d) { return tc_head_dim_supported(d) || d == 256; }
 
 /// f(std::integral_constant<int, D>{}) for the supported head dim D == d: the one switch from a run-time
 /// head dim to the kernels' instances, which every tensor-core launcher and tile query goes through
@@ -47,9 +48,9 @@ decltype(auto) tc_head_dim_switch(int d, F&& f) {
   if (d == 96) return f(std::integral_constant<int, 96>{});
   return f(std::integral_constant<int, 128>{});
 }
-/// The same over fa2_forward_head_dim_supported (the FA2-layout forward's launchers and tile queries only).
+/// The same over fa2_head_dim_supported (the FA2-layout kernels' launchers and tile queries only).
 template <class F>
-decltype(auto) fa2_forward_head_dim_switch(int d, F&& f) {
+decltype(auto) fa2_head_dim_switch(int d, F&& f) {
   if (d == 256) return f(std::integral_constant<int, 256>{});
   return tc_head_dim_switch(d, f);
 }

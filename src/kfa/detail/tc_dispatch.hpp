@@ -26,9 +26,10 @@ namespace kfa {
 namespace detail {
 
 /// Why the tensor-core kernels cannot run T elements with this head dim on `space` ("" when they can);
-/// `fa2_forward`: asked for the FA2-layout forward, which also has head dim 256.
+/// `fa2`: asked for the FA2-layout kernels (the FA2-layout forward, the tensor-core backward), which also
+/// have head dim 256.
 template <class ExecSpace, class T>
-std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2_forward = false) {
+std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2 = false) {
   if (!has_tensor_core_path<ExecSpace, T>::value)
     return std::string("there is no tensor-core path for ") + dtype_name<T>() + " on " + ExecSpace::name() +
            " (it needs Kokkos::Cuda built for sm_80 or newer and half or bfloat16 elements" +
@@ -43,9 +44,9 @@ std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2_forw
 #else
   (void)space;
 #endif
-  if (fa2_forward ? !fa2_forward_head_dim_supported(head_dim) : !tc_head_dim_supported(head_dim))
+  if (fa2 ? !fa2_head_dim_supported(head_dim) : !tc_head_dim_supported(head_dim))
     return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() +
-           (fa2_forward ? "; the FA2-layout forward also for 256)" : (head_dim == 256 ? "; only the forward for 256)" : ")"));
+           (fa2 ? "; the FA2-layout ones also for 256)" : (head_dim == 256 ? "; only the FA2-layout ones for 256)" : ")"));
   return "";
 }
 
@@ -68,11 +69,11 @@ inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, i
 }
 
 /// Whether the FA2-layout dK/dV kernel runs head dim d (`fused`: with dQ fused in) on `space`: where
-/// tc_fa2_backward_used says so and the device gives a block its shared memory (107-174 KB: not sm_86/89's
-/// 99 KB, nor sm_80's 163 KB at d = 128); the 16-keys-per-warp kernel runs otherwise.
+/// tc_fa2_backward_used says so and the device gives a block its shared memory (107-216 KB: not sm_86/89's
+/// 99 KB, nor sm_80's 163 KB at d = 128 and 256); the 16-keys-per-warp kernel runs otherwise (not at 256).
 template <class ExecSpace>
 bool tc_fa2_backward_runs(const ExecSpace& space, int d, bool fused) {
-  return tc_head_dim_switch(d, [&](auto dc) {
+  return fa2_head_dim_switch(d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (fused)
       return tc_fa2_backward_used<D, true>() && Fa2BackwardShape<D, true>::dkdv_scratch <= native_smem_max(space);
@@ -80,20 +81,26 @@ bool tc_fa2_backward_runs(const ExecSpace& space, int d, bool fused) {
   });
 }
 
-/// Shared memory of the 16-keys-per-warp dK/dV kernel (with dQ fused in when `fused`): what the
-/// tensor-core backward needs at least.
+/// Shared memory of the smallest dK/dV kernel at head dim d (with dQ fused in when `fused`): what the
+/// tensor-core backward needs at least. The 16-keys-per-warp kernel's, or at d = 256 the FA2-layout one's.
 inline std::size_t tc_dkdv_scratch(int d, bool fused) {
-  return tc_head_dim_switch(d, [&](auto dc) {
+  return fa2_head_dim_switch(d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    return fused ? TcBackwardShape<D, true>::dkdv_scratch : TcBackwardShape<D>::dkdv_scratch;
+    if constexpr (D > 128)
+      return fused ? Fa2BackwardShape<D, true>::dkdv_scratch : Fa2BackwardShape<D>::dkdv_scratch;
+    else
+      return fused ? TcBackwardShape<D, true>::dkdv_scratch : TcBackwardShape<D>::dkdv_scratch;
   });
 }
 
 /// Why the tensor-core backward cannot run head dim d on this device ("" when it can): at d > 64 even its
-/// smaller dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively.
+/// smaller dK/dV kernel takes more shared memory per block than Kokkos' team scratch, opted in natively;
+/// at d = 256 the deterministic backward has one dQ kernel only, the FA2-layout one.
 template <class ExecSpace>
 std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
-  return native_smem_problem(space, tc_dkdv_scratch(d, fused), "the tensor-core dK/dV kernel");
+  std::string why = native_smem_problem(space, tc_dkdv_scratch(d, fused), "the tensor-core dK/dV kernel");
+  if (why.empty() && d > 128 && !fused) why = fa2_dq_problem(space, d);
+  return why;
 }
 
 template <int D>
@@ -143,7 +150,7 @@ std::string fa2_forward_why_not(const ExecSpace& space, int d, long seq_k, const
   if (!why.empty()) return why;
   if (seq_k > 2147483647L - 256)  // key positions are ints in its tile loop (fewer registers: no spills)
     return "seq_k = " + std::to_string(seq_k) + " (the FA2-layout forward indexes keys with 32-bit ints)";
-  return fa2_forward_head_dim_switch(d, [&](auto dc) {
+  return fa2_head_dim_switch(d, [&](auto dc) {
     using S = Fa2ForwardShape<decltype(dc)::value>;
     return tc_block_problem(opts, S::block_q, S::block_k, "forward");
   });
@@ -165,10 +172,10 @@ inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) { return tc_forward_tiles<decltype(dc)::value>(l0_max); });
 }
 inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
-  return fa2_forward_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
+  return fa2_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
 }
 inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused, bool fa2, bool fa2_dq) {
-  return tc_head_dim_switch(head_dim, [&](auto dc) {
+  return fa2_head_dim_switch(head_dim, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     return fused ? tc_backward_tiles<D, true>(l0_max, fa2, false) : tc_backward_tiles<D, false>(l0_max, fa2, fa2_dq);
   });
@@ -343,6 +350,10 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
       return;
     }
   }
+  if constexpr (D > 128) {  // the plan checked tc_fa2_backward_runs (tc_backward_problem)
+    fail("kfa::attention_backward: the FA2-layout dK/dV kernel, the only one at head_dim = ", D,
+         ", does not fit this device's shared memory");
+  } else {
   using S = TcBackwardShape<D, FuseDq>;
   using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
   const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
@@ -364,6 +375,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   }
   native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
                 K1::MIN_BLOCKS, k1);
+  }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
       (void)softcap, (void)mask, (void)dq_acc;
@@ -406,6 +418,10 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
       fa2_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
       return;
     }
+    if constexpr (D > 128) {  // the plan checked fa2_dq_problem (tc_backward_problem)
+      fail("kfa::attention_backward: the FA2-layout dQ kernel, the only one at head_dim = ", D,
+           ", does not fit this device's shared memory");
+    } else {
     using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
     const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
     const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
@@ -413,6 +429,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
     p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));
     Kokkos::parallel_for("kfa::attention_backward::dq[tensor_core]", p2, k2);
+    }
   }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
@@ -425,7 +442,7 @@ template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, cl
 void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                         const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
                         const KeyMask& mask, bool deterministic, BackwardParts parts = BackwardParts::all) {
-  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+  fa2_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (softcap > 0.f)
       tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic, parts);

@@ -3,12 +3,14 @@
 /// launched natively (tc_native.hpp) with opt-in shared memory on the caller's stream. Same algorithm,
 /// fragments and recomputation as TcDkDvKernel (tc_backward.hpp); what differs is who multiplies what:
 ///
-///   One block of 8 warps owns BK = 128 keys (K and V in shared memory) and walks the visible query tiles
-///   of BQ = 64 rows (Q and dO double-buffered with cp.async) of every query head of the group. A step:
-///     1. S = Q·Kᵀ and dP = dO·Vᵀ (BQ × 128 each), the warps as 2 × 4 tiles of BQ/2 queries × 32 keys;
+///   One block of 8 warps owns BK = 128 keys (64 at d = 256; K and V in shared memory) and walks the visible
+///   query tiles of BQ = 64 rows (Q and dO double-buffered with cp.async) of every query head of the group.
+///   A step:
+///     1. S = Q·Kᵀ and dP = dO·Vᵀ (BQ × BK each), the warps as 2 × 4 tiles of BQ/2 queries × BK/4 keys;
 ///        P = exp(S·scale − lse) and dS = P ∘ (dP − D) (∘ softcap') go to shared memory as 16-bit.
-///     2. dV += Pᵀ·dO and dK += dSᵀ·Q, the warps as 4 × 2 tiles of 32 keys × D/2 columns (fp32
-///        registers: 2·32·(D/2)/32 = D values per thread for the two, as in the 16-key layout).
+///     2. dV += Pᵀ·dO and dK += dSᵀ·Q, the warps as 4 × 2 tiles of BK/4 keys × D/2 columns (fp32
+///        registers: 2·(BK/4)·(D/2)/32 values per thread for the two: D at BK = 128, as in the 16-key layout,
+///        and 128 at d = 256).
 ///     3. FuseDq: dQ += dS·K (BQ × D), the warps as 2 × 4 tiles of BQ/2 queries × D/4 columns, atomically
 ///        added into the fp32 accumulator.
 ///   Against the 16-keys-per-warp kernel, a step is 4× the work per barrier, S and dP tiles are two m16
@@ -29,26 +31,31 @@ namespace detail {
 /// Whether the tensor-core backward uses the FA2-layout dK/dV kernel at head dim D, with dQ fused in
 /// (atomics) or not: everywhere but the deterministic d = 64 backward, where the 16-keys-per-warp kernel
 /// was measured 8-10% faster (H200, bf16, perf/RESULTS.md). KFA_TC_BWD_FA2=0 keeps the 16-keys-per-warp
-/// kernel everywhere (a build-time knob for comparisons).
+/// kernel everywhere it exists (a build-time knob for comparisons): not at d = 256.
 #ifndef KFA_TC_BWD_FA2
 #define KFA_TC_BWD_FA2 1
 #endif
 template <int D, bool Fused>
 constexpr bool tc_fa2_backward_used() {
-  return KFA_TC_BWD_FA2 != 0 && (Fused || D > 64);
+  return D > 128 || (KFA_TC_BWD_FA2 != 0 && (Fused || D > 64));
 }
 /// Query rows per step at d = 64 (64 or 128; 128 measured within 2% of 64 and spilled 8 B fused).
 #ifndef KFA_FA2_BWD_D64_BLOCK_Q
 #define KFA_FA2_BWD_D64_BLOCK_Q 64
 #endif
 
+/// Keys a block owns at d = 256 (64: dK and dV take 128 fp32 registers per thread; 128 would take 256).
+#ifndef KFA_FA2_BWD_D256_BLOCK_K
+#define KFA_FA2_BWD_D256_BLOCK_K 64
+#endif
+
 /// Tiles of the FA2-layout dK/dV kernel; the dQ kernel's (deterministic backward) stay TcBackwardShape's.
 /// Shared memory: K and V [BK][D + 8], two stages of Q and dO [BQ][D + 8], P and dS [BQ][BK + 8], all
-/// 16-bit (d = 64: 107 KB, 96: 139 KB, 128: 170 KB).
+/// 16-bit (d = 64: 107 KB, 96: 139 KB, 128: 170 KB, 256: 216 KB).
 template <int D, bool Fused = false>
 struct Fa2BackwardShape : TcBackwardShape<D, Fused> {
   static constexpr int dkdv_warps = 8;
-  static constexpr int dkdv_block_k = 128;  // owned keys
+  static constexpr int dkdv_block_k = D > 128 ? KFA_FA2_BWD_D256_BLOCK_K : 128;  // owned keys
   static constexpr int dkdv_block_q = D <= 64 ? KFA_FA2_BWD_D64_BLOCK_Q : 64;  // streamed query rows per step
   static constexpr int pitch = D + 8;
   static constexpr int ps_pitch = dkdv_block_k + 8;  // P and dS rows [query][key]
@@ -58,6 +65,7 @@ struct Fa2BackwardShape : TcBackwardShape<D, Fused> {
   static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + dkdv_stages * dkdv_stage + dkdv_ps;
   static_assert((D / 16) % 2 == 0, "D/2 columns per dK/dV warp in pairs of n-tiles");
   static_assert(dkdv_block_q % 32 == 0, "query rows in m16 tiles, half of them per warp row");
+  static_assert(dkdv_block_k % 64 == 0, "keys in m16 tiles per dK/dV warp row and n8 pairs per S warp column");
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -70,6 +78,8 @@ struct TcFa2DkDvKernel {
   static constexpr int P = Shape::pitch, PP = Shape::ps_pitch, NTH = 32 * WARPS;
   static constexpr int MIN_BLOCKS = 1;  // 8 warps, up to 255 registers each
   static constexpr int MS = BQ / 32;    // m16 tiles of query rows per warp (S, dP and dQ)
+  static constexpr int KM = BK / 64;    // m16 tiles of keys per warp (dK, dV)
+  static constexpr int SN = BK / 32;    // n8 tiles of keys per warp (S, dP)
 
   QV q;
   KV k;
@@ -139,19 +149,19 @@ struct TcFa2DkDvKernel {
     }
     tc::cp_async_commit();
 
-    // dK/dV: warp owns keys kw0 … kw0 + 31 (two m16 tiles) and columns cw0 … cw0 + D/2 − 1.
+    // dK/dV: warp owns keys kw0 … kw0 + BK/4 − 1 (KM m16 tiles) and columns cw0 … cw0 + D/2 − 1.
     constexpr int NB = D / 16;  // n8 tiles of D/2 columns
-    const int kw0 = (warp >> 1) * 32, cw0 = (warp & 1) * (D / 2);
-    float dka[2][NB][4], dva[2][NB][4];
+    const int kw0 = (warp >> 1) * (BK / 4), cw0 = (warp & 1) * (D / 2);
+    float dka[KM][NB][4], dva[KM][NB][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < KM; ++mt)
 #pragma unroll
       for (int n = 0; n < NB; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dka[mt][n][e] = dva[mt][n][e] = 0.f;
 
-    // S/dP: warp's query rows qw0 … qw0 + BQ/2 − 1 (MS m16 tiles), keys sw0 … sw0 + 31 (four n8 tiles).
-    const int qw0 = (warp >> 2) * (BQ / 2), sw0 = (warp & 3) * 32;
+    // S/dP: warp's query rows qw0 … qw0 + BQ/2 − 1 (MS m16 tiles), keys sw0 … sw0 + BK/4 − 1 (SN n8 tiles).
+    const int qw0 = (warp >> 2) * (BQ / 2), sw0 = (warp & 3) * (BK / 4);
     // ldmatrix lane offsets. Row-major A (Q, dO, dS): matrices (rows +0, k +0), (+8, +0), (+0, +8), (+8, +8).
     const std::uint32_t a_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
     const std::uint32_t aps_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * PP + (mi >> 1) * 8) * 2);
@@ -192,11 +202,11 @@ struct TcFa2DkDvKernel {
 
       // 1. dP = dO·Vᵀ, then S = Q·Kᵀ (dP first: P and dS then come out of one pass, with no softcap
       //    factor held across a product).
-      float dp[MS][4][4], s[MS][4][4];
+      float dp[MS][SN][4], s[MS][SN][4];
 #pragma unroll
       for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
-        for (int n = 0; n < 4; ++n)
+        for (int n = 0; n < SN; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) dp[mt][n][e] = s[mt][n][e] = 0.f;
 #pragma unroll
@@ -206,7 +216,7 @@ struct TcFa2DkDvKernel {
         for (int mt = 0; mt < MS; ++mt)
           tc::ldmatrix_x4(af[mt], dos + a_lane + static_cast<std::uint32_t>(((qw0 + mt * 16) * P + kk * 16) * 2));
 #pragma unroll
-        for (int n = 0; n < 4; n += 2) {
+        for (int n = 0; n < SN; n += 2) {
           std::uint32_t bf[4];
           tc::ldmatrix_x4(bf, vs + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
 #pragma unroll
@@ -223,7 +233,7 @@ struct TcFa2DkDvKernel {
         for (int mt = 0; mt < MS; ++mt)
           tc::ldmatrix_x4(af[mt], qs + a_lane + static_cast<std::uint32_t>(((qw0 + mt * 16) * P + kk * 16) * 2));
 #pragma unroll
-        for (int n = 0; n < 4; n += 2) {
+        for (int n = 0; n < SN; n += 2) {
           std::uint32_t bf[4];
           tc::ldmatrix_x4(bf, ks + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
 #pragma unroll
@@ -251,7 +261,7 @@ struct TcFa2DkDvKernel {
               if (rr >= rows) hi = -1;
             }
 #pragma unroll
-            for (int n = 0; n < 4; ++n) {
+            for (int n = 0; n < SN; ++n) {
               const int kk0 = sw0 + n * 8 + 2 * t4;
               float p[2], d2[2];
 #pragma unroll
@@ -276,9 +286,9 @@ struct TcFa2DkDvKernel {
       // 2. dV += Pᵀ·dO, dK += dSᵀ·Q over this step's BQ queries.
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
-        std::uint32_t pa[2][4], da[2][4];
+        std::uint32_t pa[KM][4], da[KM][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < KM; ++mt) {
           const std::uint32_t o = static_cast<std::uint32_t>((kk * 16 * PP + kw0 + mt * 16) * 2);
           tc::ldmatrix_x4_trans(pa[mt], ps + at_lane + o);
           tc::ldmatrix_x4_trans(da[mt], dss + at_lane + o);
@@ -290,7 +300,7 @@ struct TcFa2DkDvKernel {
           tc::ldmatrix_x4_trans(bo, dos + bt_lane + o);
           tc::ldmatrix_x4_trans(bq, qs + bt_lane + o);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
+          for (int mt = 0; mt < KM; ++mt) {
             tc::mma<T>(dva[mt][n], pa[mt], bo[0], bo[1]);
             tc::mma<T>(dva[mt][n + 1], pa[mt], bo[2], bo[3]);
             tc::mma<T>(dka[mt][n], da[mt], bq[0], bq[1]);
@@ -306,7 +316,7 @@ struct TcFa2DkDvKernel {
     tc::cp_async_wait_all();
 
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < KM; ++mt) {
       const int r0 = k0 + kw0 + mt * 16 + g, r1 = r0 + 8;
       tc::store_c_rows<D / 2, T>(dka[mt], scale, scale, r0 < seq_k ? &dk(b, r0, hk, cw0) : nullptr,
                                  r1 < seq_k ? &dk(b, r1, hk, cw0) : nullptr, t4);

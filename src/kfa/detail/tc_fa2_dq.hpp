@@ -4,7 +4,8 @@
 /// recomputation as TcDqKernel (tc_backward.hpp); what differs is the layout, as the FA2-layout forward's:
 ///
 ///   4 warps, BQ = 128 query rows, 32 rows (two m16 tiles) per warp, so every K or V fragment a warp reads
-///   from shared memory feeds four mma instead of two. Q and dO are copied to shared memory once and
+///   from shared memory feeds four mma instead of two. At d = 256, 8 warps of 16 rows (one m16 tile: dQ's
+///   fp32 accumulator alone is then 128 registers per thread), as in the FA2-layout forward there. Q and dO are copied to shared memory once and
 ///   re-read with ldmatrix (TcDqKernel keeps them in registers, which left room for 16 rows per warp only,
 ///   in 40,936 B of Kokkos team scratch); K and V tiles of BK keys are double-buffered with cp.async.
 ///   A tile: S = Q·Kᵀ and dP = dO·Vᵀ, dS = P ∘ (dP − D) (∘ softcap') in registers, dQ += dS·K.
@@ -38,13 +39,14 @@ namespace detail {
 #endif
 template <int D>
 struct Fa2DqShape {
-  static constexpr int warps = 4;
-  static constexpr int min_blocks = 2;  // resident blocks per SM the registers are bounded for
-  static constexpr int block_q = 32 * warps;
+  static constexpr int m_tiles = D > 128 ? 1 : 2;  // m16 tiles of query rows per warp
+  static constexpr int warps = D > 128 ? 8 : 4;
+  static constexpr int min_blocks = D > 128 ? 1 : 2;  // resident blocks per SM the registers are bounded for
+  static constexpr int block_q = 16 * m_tiles * warps;
   static constexpr int block_k = D <= 64 ? KFA_FA2_DQ_D64_BLOCK_K : KFA_FA2_DQ_BLOCK_K;
   static constexpr int pitch = D + 8;  // elements per shared row (16-byte pad: conflict-free ldmatrix)
   static_assert(D % 16 == 0 && (D / 8) % 2 == 0 && block_k % 16 == 0, "n-tiles are taken in pairs");
-  /// Q and dO, then two stages of K and V, all 16-bit (d = 64: 72 KB, 96: 78 KB, 128: 102 KB).
+  /// Q and dO, then two stages of K and V, all 16-bit (d = 64: 72 KB, 96: 78 KB, 128: 102 KB, 256: 198 KB).
   static constexpr std::size_t smem = static_cast<std::size_t>(2 * block_q + 4 * block_k) * pitch * 2;
 };
 
@@ -54,7 +56,7 @@ std::string fa2_dq_problem(const ExecSpace& space, int d) {
   if (KFA_TC_DQ_FA2 == 0) return "KFA_TC_DQ_FA2 = 0 in this build";
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    const std::size_t smem = tc_head_dim_switch(d, [](auto dc) { return Fa2DqShape<decltype(dc)::value>::smem; });
+    const std::size_t smem = fa2_head_dim_switch(d, [](auto dc) { return Fa2DqShape<decltype(dc)::value>::smem; });
     return native_smem_problem(space, smem, "the FA2-layout dQ kernel");
   }
 #endif
@@ -83,13 +85,13 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
 #if KFA_TC_DEVICE
   using Shape = Fa2DqShape<D>;
   constexpr int BQ = Shape::block_q, BK = Shape::block_k, P = Shape::pitch, NT = 32 * Shape::warps;
-  constexpr int MT = 2;  // m16 tiles per warp
+  constexpr int MT = Shape::m_tiles;
   extern __shared__ __align__(16) unsigned char fa2_dq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 32;  // this warp's first query row
+  const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
   const KeyMask& mask = a.mask;
 
   const std::uint32_t qs = tc::smem_addr(fa2_dq_smem), dos = qs + BQ * P * 2;
@@ -136,7 +138,8 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
 
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   // Q, dO as A (row-major): matrices (rows +0, d +0), (rows +8, d +0), (rows +0, d +8), (rows +8, d +8)
-  const std::uint32_t a_off = static_cast<std::uint32_t>(((warp * 32 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+  const std::uint32_t a_off =
+      static_cast<std::uint32_t>(((warp * 16 * MT + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
   // K, V as B of S = Q·Kᵀ, dP = dO·Vᵀ: matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8)
   const std::uint32_t b_off = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
   // K as B of dQ += dS·K (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)

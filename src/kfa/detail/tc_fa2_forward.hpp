@@ -340,7 +340,7 @@ std::string fa2_forward_problem(const ExecSpace& space, int d) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     const std::size_t smem =
-        fa2_forward_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
+        fa2_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
     return native_smem_problem(space, smem, "the FA2-layout forward");
   }
 #endif
@@ -379,7 +379,7 @@ void fa2_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, c
 template <class QV, class KV, class VV, class OV, class LV>
 void fa2_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
                         float scale, float softcap, const KeyMask& mask) {
-  fa2_forward_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+  fa2_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (softcap > 0.f)
       fa2_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
