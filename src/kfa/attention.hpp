@@ -302,9 +302,9 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
 }
 
 /// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
-/// serves every tensor-core forward family), else simt_fp32 (float on CUDA), else portable; opts.path
-/// names one of them (tensor_core_team and tensor_core_fa2 name the tensor-core backward, tensor_core_tf32x3
-/// the fp32 one: simt_fp32).
+/// serves every 16-bit tensor-core forward family), else tensor_core_tf32x3 (float on CUDA sm_80+), else
+/// simt_fp32 (float on CUDA), else portable; opts.path names one of them (tensor_core_team and
+/// tensor_core_fa2 name the tensor-core backward).
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
 BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
                            const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
@@ -329,6 +329,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   tc_add_view_problem(why_not, "dq", dq);
   tc_add_view_problem(why_not, "dk", dk);
   tc_add_view_problem(why_not, "dv", dv);
+  const std::string tf32_why = tf32_backward_why_not(space, q, k, v, d_o, dq, dk, dv, opts);
   const std::string simt_why = simt_backward_why_not<ExecSpace>(q, k, v, d_o, dq, dk, dv, opts);
   auto need = [&](const std::string& why) {
     if (!why.empty()) fail(fn, ": opts.path = ", to_string(opts.path), " but ", why);
@@ -336,21 +337,25 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   P family = P::portable;
   switch (opts.path) {
     case P::portable: family = P::portable; break;
-    case P::simt_fp32:
-    case P::tensor_core_tf32x3: need(simt_why), family = P::simt_fp32; break;
+    case P::simt_fp32: need(simt_why), family = P::simt_fp32; break;
+    case P::tensor_core_tf32x3: need(tf32_why), family = P::tensor_core_tf32x3; break;
     case P::tensor_core:
     case P::tensor_core_team:
     case P::tensor_core_fa2: need(why_not), family = P::tensor_core; break;
     case P::automatic:
-      family = why_not.empty() ? P::tensor_core : simt_why.empty() ? P::simt_fp32 : P::portable;
+      family = why_not.empty()    ? P::tensor_core
+               : tf32_why.empty() ? P::tensor_core_tf32x3
+               : simt_why.empty() ? P::simt_fp32
+                                  : P::portable;
       break;
   }
   const bool tc = family == P::tensor_core;
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  BackwardTileConfig tiles = tc                        ? tc_backward_tiles(d, l0_max, fused, fa2, fa2_dq)
-                             : family == P::simt_fp32 ? (d == 64 ? simt_backward_tiles<64>(l0_max)
-                                                                  : simt_backward_tiles<128>(l0_max))
-                                                       : backward_tile_config(space, q, k, opts);
+  BackwardTileConfig tiles = tc                                 ? tc_backward_tiles(d, l0_max, fused, fa2, fa2_dq)
+                             : family == P::tensor_core_tf32x3 ? tf32_backward_tiles(d, native_smem_max(space))
+                             : family == P::simt_fp32          ? (d == 64 ? simt_backward_tiles<64>(l0_max)
+                                                                           : simt_backward_tiles<128>(l0_max))
+                                                                : backward_tile_config(space, q, k, opts);
   if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
   if (tc && fa2_dq) tiles.dq.scratch_l0_max = native_smem_max(space);
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
@@ -394,6 +399,14 @@ bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
     if constexpr (has_tensor_core_path<ExecSpace, T>::value)
       tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
                          static_cast<float>(opts.softcap), mask, !plan.atomic_dq, parts);
+    return wrote_dq;
+  }
+  if (plan.family == TileProductPath::tensor_core_tf32x3) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<T, float>::value)
+      tf32_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
+                           static_cast<float>(opts.softcap), mask, parts);
+#endif
     return wrote_dq;
   }
   if (plan.family == TileProductPath::simt_fp32) {

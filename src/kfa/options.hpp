@@ -10,7 +10,7 @@ namespace kfa {
 enum class TileProductPath {
   automatic,    ///< the fastest family that can run these inputs: tensor_core_fa2, tensor_core_team,
                 ///< tensor_core_tf32x3, simt_fp32, portable (in that order; the backward: tensor_core,
-                ///< simt_fp32, portable)
+                ///< tensor_core_tf32x3, simt_fp32, portable)
   portable,     ///< team/vector loops that every backend runs (the reference path)
   tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_fa2, else tensor_core_team): CUDA
                 ///< sm_80+, half/bfloat16, head dim 64, 96, 128 or 256 (256: FA2-layout kernels only, the
@@ -21,9 +21,9 @@ enum class TileProductPath {
   tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
                      ///< natively with opt-in shared memory; the backward runs the tensor-core backward
   simt_fp32,    ///< the CUDA fp32 kernels, forward and backward (float, head dim 64/128, no block override)
-  tensor_core_tf32x3,  ///< forward: float on tensor cores in 3xTF32 (each product split in three tf32 mma,
-                       ///< about 2^-20 relative error per product; what torch's memory-efficient backend does
-                       ///< for float): CUDA sm_80+, head dim 64, 96 or 128; the backward runs simt_fp32
+  tensor_core_tf32x3,  ///< float on tensor cores in 3xTF32, forward and backward (each product split in three
+                       ///< tf32 mma, about 2^-20 relative error per product; what torch's memory-efficient
+                       ///< backend does for float): CUDA sm_80+, head dim 64, 96 or 128, no block override
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.

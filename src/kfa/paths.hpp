@@ -10,8 +10,9 @@
 /// at run time the device's compute capability (8.0 or newer), the head dim (64, 96, 128 or 256; the
 /// backward at 256 where the device has the shared memory), a unit head-dim stride and 16-byte-aligned rows
 /// are checked too; `automatic` then falls back
-/// to another path and an explicit TileProductPath::tensor_core is a kfa::Error. (float has a tensor-core
-/// forward of its own, TileProductPath::tensor_core_tf32x3, which this trait does not cover.)
+/// to another path and an explicit TileProductPath::tensor_core is a kfa::Error. (float has tensor-core
+/// kernels of its own, forward and backward: TileProductPath::tensor_core_tf32x3, which this trait does not
+/// cover.)
 /// kfa::plan_forward / plan_backward say which family a call runs; its profiling region's name says it too, e.g.
 /// `kfa::attention_forward[tensor_core_fa2,bfloat16,d128,bq128,bk64]`.
 ///

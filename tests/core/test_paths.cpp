@@ -243,7 +243,8 @@ TYPED_TEST(Paths, TensorCoreWhereItCannotRunIsAnError) {
 }
 
 // float: every family that can run it here (automatic, portable; on CUDA also simt_fp32 and the 3xTF32
-// tensor-core forward, each where its plan says it runs) against float64 and against portable, forward.
+// tensor-core kernels, each where its plan says it runs) against float64 and against portable, forward and
+// backward (test_simt_backward checks both CUDA fp32 backwards element by element).
 TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
   using P = kfa::TileProductPath;
   int tf32_runs = 0;
@@ -258,34 +259,42 @@ TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
         SCOPED_TRACE(describe(s, ro, seed));
         std::mt19937_64 rng(seed);
         Tensor<float> q("q", s.batch, s.seq_q, s.heads_q, d), k("k", s.batch, s.seq_k, s.heads_kv, d),
-            v("v", s.batch, s.seq_k, s.heads_kv, d);
-        const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
-        std::vector<double> oref, lref;
+            v("v", s.batch, s.seq_k, s.heads_kv, d), d_o("do", s.batch, s.seq_q, s.heads_q, d);
+        const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng),
+                   doh = fill_random(d_o, rng);
+        std::vector<double> oref, lref, dqr, dkr, dvr;
         reference_forward64(s, ro, qh, kh, vh, oref, lref);
-        std::vector<double> portable;
+        reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
+        ::Run<float> portable{};
         for (P path : {P::portable, P::automatic, P::simt_fp32, P::tensor_core_tf32x3}) {
           kfa::AttentionOptions opts = to_kfa(ro);
           opts.path = path;
-          Tensor<float> o("o", s.batch, s.seq_q, s.heads_q, d);
-          Lse<float> lse("lse", s.batch, s.heads_q, s.seq_q);
           if (path == P::simt_fp32 || path == P::tensor_core_tf32x3) {
+            Tensor<float> o("o", s.batch, s.seq_q, s.heads_q, d), dq("dq", s.batch, s.seq_q, s.heads_q, d),
+                dk("dk", s.batch, s.seq_k, s.heads_kv, d), dv("dv", s.batch, s.seq_k, s.heads_kv, d);
             try {
               (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
+              (void)kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
             } catch (const kfa::Error&) {
               continue;  // cannot run here (host builds; d = 96 for simt_fp32): the plan test covers the error
             }
             tf32_runs += path == P::tensor_core_tf32x3;
           }
-          poison(o), poison(lse);
-          kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
-          Exec().fence();
-          const std::vector<double> got = to_doubles4(o);
-          EXPECT_TRUE(close_frobenius(got, oref, tolerance<float>())) << kfa::to_string(path);
-          EXPECT_TRUE(close_lse(to_doubles3(lse), lref, tolerance<float>())) << kfa::to_string(path);
-          if (path == P::portable)
-            portable = got;
-          else
-            EXPECT_TRUE(close_frobenius(got, portable, tolerance<float>())) << kfa::to_string(path) << " vs portable";
+          const ::Run<float> r = run_path(s, q, k, v, d_o, opts, path);
+          const std::string name = kfa::to_string(path);
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.o), oref, tolerance<float>())) << name << " o";
+          EXPECT_TRUE(close_lse(to_doubles3(r.lse), lref, tolerance<float>())) << name << " lse";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dq), dqr, tolerance<float>())) << name << " dq";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), dkr, tolerance<float>())) << name << " dk";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), dvr, tolerance<float>())) << name << " dv";
+          if (path == P::portable) {
+            portable = r;
+            continue;
+          }
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.o), to_doubles4(portable.o), tolerance<float>())) << name << " o vs portable";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dq), to_doubles4(portable.dq), tolerance<float>())) << name << " dq vs portable";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), to_doubles4(portable.dk), tolerance<float>())) << name << " dk vs portable";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), to_doubles4(portable.dv), tolerance<float>())) << name << " dv vs portable";
         }
       }
     }
@@ -331,7 +340,9 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, blocks).family, P::tensor_core_team);
   } else {
     EXPECT_TRUE(f.family == P::portable || f32cuda) << f.region;
-    EXPECT_EQ(b.family, f32cuda ? P::simt_fp32 : P::portable) << b.region;
+    // float on CUDA: the 3xTF32 backward exactly where it says it can run, else the SIMT one
+    const bool tf32_bwd = kfa::detail::tf32_backward_why_not(Exec(), q, k, v, d_o, dq, dk, dv, opts).empty();
+    EXPECT_EQ(b.family, !f32cuda ? P::portable : tf32_bwd ? P::tensor_core_tf32x3 : P::simt_fp32) << b.region;
     // float on CUDA: 3xTF32 tensor cores exactly where that kernel says it can run, else the SIMT kernel
     if (f32cuda)
       EXPECT_EQ(f.family, kfa::detail::tf32_forward_why_not(Exec(), q, k, v, o, opts).empty() ? P::tensor_core_tf32x3
@@ -348,8 +359,8 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     }
   }
   // The fp32 families by name: each forward exactly where it runs (the SIMT one for float on CUDA, the 3xTF32
-  // one where automatic picked it); the backward of either is simt_fp32, on float on CUDA; elsewhere the
-  // error names the family.
+  // one where automatic picked it), each backward likewise (the 3xTF32 one where its why_not is ""); elsewhere
+  // the error names the family.
   for (P p : {P::simt_fp32, P::tensor_core_tf32x3}) {
     opts.path = p;
     const std::string expect = "opts.path = " + kfa::to_string(p) + " but ";
@@ -363,8 +374,10 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
         EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
       }
     }
-    if (f32cuda) {
-      EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, P::simt_fp32);
+    const bool bwd_runs = p == P::simt_fp32 ? f32cuda
+                                            : kfa::detail::tf32_backward_why_not(Exec(), q, k, v, d_o, dq, dk, dv, opts).empty();
+    if (bwd_runs) {
+      EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, p);
     } else {
       try {
         (void)kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);

@@ -1,14 +1,18 @@
-// The CUDA fp32 backward (detail/simt_backward.hpp), called through its launcher: dq, dk, dv against the
-// float64 reference backward and against the portable backward on the same inputs, every element checked
-// (unwritten elements are NaN from the poison; structural zeros must be exact zeros), and bitwise
-// reproducibility. lse comes from kfa::attention_forward and D from kfa::detail::backward_row_dot, as the
-// library's dispatch will call it. On builds without Kokkos::Cuda only the host-side tile checks run.
+// The CUDA fp32 backwards, each called through its launcher: the SIMT one (detail/simt_backward.hpp) and the
+// 3xTF32 tensor-core one (detail/tc_tf32_backward.hpp). dq, dk, dv against the float64 reference backward
+// and against the portable backward on the same inputs, every element checked (unwritten elements are NaN
+// from the poison; structural zeros must be exact zeros), and bitwise reproducibility. lse comes from
+// kfa::attention_forward and D from kfa::detail::backward_row_dot, as the library's dispatch will call it.
+// On builds without Kokkos::Cuda only the host-side tile checks run.
 #include "../common/kfa_test.hpp"
 
 #include <kfa/detail/simt_backward.hpp>
+#include <kfa/detail/tc_dispatch.hpp>  // tf32_space_problem
+#include <kfa/detail/tc_tf32_backward.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -92,24 +96,35 @@ struct Grads {
   std::vector<double> dq, dk, dv;
 };
 
+enum class Fp32Backward { simt, tf32x3 };
+const char* name_of(Fp32Backward f) { return f == Fp32Backward::simt ? "simt_fp32" : "tensor_core_tf32x3"; }
+
 template <int D>
-Grads run_simt(const Shape& s, const RefOptions& ro, const Tensor<float>& q, const Tensor<float>& k,
-               const Tensor<float>& v, const Tensor<float>& d_o, const Lse<float>& lse,
-               const Kokkos::View<float***, Kokkos::LayoutRight, Mem>& dd) {
+Grads run_kernel(Fp32Backward family, const Shape& s, const RefOptions& ro, const Tensor<float>& q,
+                 const Tensor<float>& k, const Tensor<float>& v, const Tensor<float>& d_o, const Lse<float>& lse,
+                 const Kokkos::View<float***, Kokkos::LayoutRight, Mem>& dd) {
   Tensor<float> dq("dq", s.batch, s.seq_q, s.heads_q, D), dk("dk", s.batch, s.seq_k, s.heads_kv, D),
       dv("dv", s.batch, s.seq_k, s.heads_kv, D);
   poison(dq), poison(dk), poison(dv);
   const kfa::detail::KeyMask mask(s.seq_q, s.seq_k, ro.causal, ro.window_left, ro.window_right);
-  kfa::detail::simt_backward_launch_d<D>(Exec(), q, k, v, d_o, lse, dd, dq, dk, dv,
-                                         static_cast<float>(ref_scale(s, ro)), static_cast<float>(ro.softcap), mask);
+  const float scale = static_cast<float>(ref_scale(s, ro)), softcap = static_cast<float>(ro.softcap);
+  if (family == Fp32Backward::simt) {
+    if constexpr (D == 64 || D == 128)  // the SIMT kernels' head dims
+      kfa::detail::simt_backward_launch_d<D>(Exec(), q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+  } else {
+#if KFA_HAS_TENSOR_CORES
+    kfa::detail::tf32_backward_launch(Exec(), q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask,
+                                      kfa::detail::BackwardParts::all);
+#endif
+  }
   Exec().fence();
   return {to_doubles4(dq), to_doubles4(dk), to_doubles4(dv)};
 }
 
 template <int D>
-void check_simt_backward(const char* label, const Shape& s, const RefOptions& ro) {
+void check_backward(Fp32Backward family, const char* label, const Shape& s, const RefOptions& ro) {
   const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE(std::string(label) + ": " + describe(s, ro, seed));
+  SCOPED_TRACE(std::string(name_of(family)) + ", " + label + ": " + describe(s, ro, seed));
   std::mt19937_64 rng(seed);
   Tensor<float> q("q", s.batch, s.seq_q, s.heads_q, D), k("k", s.batch, s.seq_k, s.heads_kv, D),
       v("v", s.batch, s.seq_k, s.heads_kv, D), d_o("do", s.batch, s.seq_q, s.heads_q, D),
@@ -122,7 +137,7 @@ void check_simt_backward(const char* label, const Shape& s, const RefOptions& ro
   const auto dd = kfa::detail::backward_row_dot(Exec(), o, d_o);
   Exec().fence();
 
-  const Grads simt = run_simt<D>(s, ro, q, k, v, d_o, lse, dd);
+  const Grads got = run_kernel<D>(family, s, ro, q, k, v, d_o, lse, dd);
 
   // the portable backward on the same inputs (its own forward outputs are the same o and lse)
   opts.path = kfa::TileProductPath::portable;
@@ -151,29 +166,29 @@ void check_simt_backward(const char* label, const Shape& s, const RefOptions& ro
                                       std::size_t(D)};
   const std::array<std::size_t, 4> ke{std::size_t(s.batch), std::size_t(s.seq_k), std::size_t(s.heads_kv),
                                       std::size_t(D)};
-  EXPECT_TRUE(close_every_element("simt dq", simt.dq, ref.dq, qe, zq, tol)) << "simt_fp32 vs float64 reference";
-  EXPECT_TRUE(close_every_element("simt dk", simt.dk, ref.dk, ke, zk, tol)) << "simt_fp32 vs float64 reference";
-  EXPECT_TRUE(close_every_element("simt dv", simt.dv, ref.dv, ke, zk, tol)) << "simt_fp32 vs float64 reference";
+  EXPECT_TRUE(close_every_element("dq", got.dq, ref.dq, qe, zq, tol)) << name_of(family) << " vs float64 reference";
+  EXPECT_TRUE(close_every_element("dk", got.dk, ref.dk, ke, zk, tol)) << name_of(family) << " vs float64 reference";
+  EXPECT_TRUE(close_every_element("dv", got.dv, ref.dv, ke, zk, tol)) << name_of(family) << " vs float64 reference";
   // the portable path against float64 too, so that a disagreement below says which side is off
   EXPECT_TRUE(close_frobenius(port.dq, ref.dq, tol)) << "portable dq vs float64 reference";
   EXPECT_TRUE(close_frobenius(port.dk, ref.dk, tol)) << "portable dk vs float64 reference";
   EXPECT_TRUE(close_frobenius(port.dv, ref.dv, tol)) << "portable dv vs float64 reference";
-  EXPECT_TRUE(close_every_element("simt dq", simt.dq, port.dq, qe, zq, tol)) << "simt_fp32 vs portable";
-  EXPECT_TRUE(close_every_element("simt dk", simt.dk, port.dk, ke, zk, tol)) << "simt_fp32 vs portable";
-  EXPECT_TRUE(close_every_element("simt dv", simt.dv, port.dv, ke, zk, tol)) << "simt_fp32 vs portable";
+  EXPECT_TRUE(close_every_element("dq", got.dq, port.dq, qe, zq, tol)) << name_of(family) << " vs portable";
+  EXPECT_TRUE(close_every_element("dk", got.dk, port.dk, ke, zk, tol)) << name_of(family) << " vs portable";
+  EXPECT_TRUE(close_every_element("dv", got.dv, port.dv, ke, zk, tol)) << name_of(family) << " vs portable";
 
   // no atomics: a second run gives the same bits
-  const Grads again = run_simt<D>(s, ro, q, k, v, d_o, lse, dd);
+  const Grads again = run_kernel<D>(family, s, ro, q, k, v, d_o, lse, dd);
   auto same_bits = [](const std::vector<double>& a, const std::vector<double>& b) {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
   };
-  EXPECT_TRUE(same_bits(simt.dq, again.dq)) << "dq differs between two identical runs";
-  EXPECT_TRUE(same_bits(simt.dk, again.dk)) << "dk differs between two identical runs";
-  EXPECT_TRUE(same_bits(simt.dv, again.dv)) << "dv differs between two identical runs";
+  EXPECT_TRUE(same_bits(got.dq, again.dq)) << "dq differs between two identical runs";
+  EXPECT_TRUE(same_bits(got.dk, again.dk)) << "dk differs between two identical runs";
+  EXPECT_TRUE(same_bits(got.dv, again.dv)) << "dv differs between two identical runs";
 }
 
 template <int D>
-void all_cases() {
+void all_cases(Fp32Backward family) {
   const RefOptions plain;
   RefOptions causal;
   causal.causal = true;
@@ -185,17 +200,22 @@ void all_cases() {
   causal_cap.causal = true, causal_cap.softcap = 15.0;
   RefOptions scaled;  // an explicit scale that is not 1/sqrt(d)
   scaled.scale = 0.3;
-  check_simt_backward<D>("partial tiles on both sides, batch 2", {2, 200, 200, 2, 2, D}, plain);
-  check_simt_backward<D>("GQA, seq_q < seq_k", {1, 65, 300, 4, 2, D}, plain);
-  check_simt_backward<D>("causal, GQA", {1, 300, 300, 2, 1, D}, causal);
-  check_simt_backward<D>("causal, rows that see no key", {1, 100, 30, 2, 2, D}, causal);
-  check_simt_backward<D>("sliding window + softcap", {1, 257, 190, 2, 2, D}, window_cap);
-  check_simt_backward<D>("keys no query sees (whole key blocks)", {1, 50, 300, 2, 1, D}, narrow);
-  check_simt_backward<D>("causal + softcap, GQA, seq_q > seq_k, batch 2", {2, 129, 77, 4, 2, D}, causal_cap);
-  check_simt_backward<D>("many tiles, causal (both scratch stages)", {1, 700, 1000, 2, 1, D}, causal);
-  check_simt_backward<D>("explicit scale, three rows, five keys", {1, 3, 5, 1, 1, D}, scaled);
-  check_simt_backward<D>("seq_k = 0 (dq zero)", {1, 37, 0, 2, 1, D}, plain);
-  check_simt_backward<D>("seq_q = 0 (dk, dv zero)", {1, 0, 40, 2, 1, D}, causal);
+  if (std::getenv("KFA_TEST_SMALL") != nullptr) {  // under compute-sanitizer: two masked cases
+    check_backward<D>(family, "sliding window + softcap", {1, 257, 190, 2, 2, D}, window_cap);
+    check_backward<D>(family, "causal + softcap, GQA, seq_q > seq_k, batch 2", {2, 129, 77, 4, 2, D}, causal_cap);
+    return;
+  }
+  check_backward<D>(family, "partial tiles on both sides, batch 2", {2, 200, 200, 2, 2, D}, plain);
+  check_backward<D>(family, "GQA, seq_q < seq_k", {1, 65, 300, 4, 2, D}, plain);
+  check_backward<D>(family, "causal, GQA", {1, 300, 300, 2, 1, D}, causal);
+  check_backward<D>(family, "causal, rows that see no key", {1, 100, 30, 2, 2, D}, causal);
+  check_backward<D>(family, "sliding window + softcap", {1, 257, 190, 2, 2, D}, window_cap);
+  check_backward<D>(family, "keys no query sees (whole key blocks)", {1, 50, 300, 2, 1, D}, narrow);
+  check_backward<D>(family, "causal + softcap, GQA, seq_q > seq_k, batch 2", {2, 129, 77, 4, 2, D}, causal_cap);
+  check_backward<D>(family, "many tiles, causal (both scratch stages)", {1, 700, 1000, 2, 1, D}, causal);
+  check_backward<D>(family, "explicit scale, three rows, five keys", {1, 3, 5, 1, 1, D}, scaled);
+  check_backward<D>(family, "seq_k = 0 (dq zero)", {1, 37, 0, 2, 1, D}, plain);
+  check_backward<D>(family, "seq_q = 0 (dk, dv zero)", {1, 0, 40, 2, 1, D}, causal);
 }
 
 }  // namespace
@@ -206,7 +226,7 @@ TEST(SimtBackward, AgreesWithReferenceAndPortableD64) {
   if constexpr (!std::is_same<Exec, Kokkos::Cuda>::value) {
     GTEST_SKIP() << "the fp32 backward runs on Kokkos::Cuda; the default execution space is " << Exec::name();
   } else {
-    all_cases<64>();
+    all_cases<64>(Fp32Backward::simt);
   }
 #else
   GTEST_SKIP() << "the CUDA fp32 backward needs Kokkos::Cuda (not in this build)";
@@ -218,9 +238,30 @@ TEST(SimtBackward, AgreesWithReferenceAndPortableD128) {
   if constexpr (!std::is_same<Exec, Kokkos::Cuda>::value) {
     GTEST_SKIP() << "the fp32 backward runs on Kokkos::Cuda; the default execution space is " << Exec::name();
   } else {
-    all_cases<128>();
+    all_cases<128>(Fp32Backward::simt);
   }
 #else
   GTEST_SKIP() << "the CUDA fp32 backward needs Kokkos::Cuda (not in this build)";
+#endif
+}
+
+// The 3xTF32 backward at every head dim it has, where this build and device can run it.
+TEST(Tf32Backward, AgreesWithReferenceAndPortable) {
+#if KFA_HAS_TENSOR_CORES
+  if constexpr (!std::is_same<Exec, Kokkos::Cuda>::value) {
+    GTEST_SKIP() << "the fp32 tensor-core backward runs on Kokkos::Cuda; the default execution space is " << Exec::name();
+  } else {
+    const std::string why = kfa::detail::tf32_space_problem<Exec, float>(Exec(), 128, 0);
+    if (!why.empty()) GTEST_SKIP() << why;
+    const std::size_t smem = std::max(kfa::detail::Tf32BackwardShape<128>::dkdv_scratch,
+                                      kfa::detail::Tf32BackwardShape<128>::dq_scratch);
+    const std::string smem_why = kfa::detail::native_smem_problem(Exec(), smem, "the fp32 tensor-core backward");
+    if (!smem_why.empty()) GTEST_SKIP() << smem_why;
+    all_cases<64>(Fp32Backward::tf32x3);
+    all_cases<96>(Fp32Backward::tf32x3);
+    all_cases<128>(Fp32Backward::tf32x3);
+  }
+#else
+  GTEST_SKIP() << "the fp32 tensor-core backward needs Kokkos::Cuda built for sm_80 or newer (not in this build)";
 #endif
 }

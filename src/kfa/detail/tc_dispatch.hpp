@@ -11,12 +11,14 @@
 #include <kfa/detail/tc_fa2_dq.hpp>
 #include <kfa/detail/tc_fa2_forward.hpp>
 #include <kfa/detail/tc_forward.hpp>
+#include <kfa/detail/tc_tf32_backward.hpp>
 #include <kfa/detail/tc_tf32_forward.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
 #include <kfa/tiling.hpp>
 #include <kfa/types.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -207,42 +209,81 @@ std::string simt_forward_why_not(const QV& q, const KV& k, const VV& v, const OV
          ExecSpace::name() + " (it needs Kokkos::Cuda and float elements)";
 }
 
-/// Why the fp32 tensor-core forward (3xTF32, tc_tf32_forward.hpp) cannot run these inputs on `space` ("" when
-/// it can): it needs float on Kokkos::Cuda built for sm_80 or newer and a device of compute capability 8.0+,
-/// head dim 64, 96 or 128, rows as the tensor-core kernels need them, its shared memory, no block-size
-/// override it cannot honour, and seq_k below 2^31 − 256 (its key positions are ints).
-template <class ExecSpace, class QV, class KV, class VV, class OV>
-std::string tf32_forward_why_not(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
-                                 const AttentionOptions& opts) {
+/// Why the fp32 tensor-core kernels (3xTF32) cannot run head dim d on `space` ("" when they can): they need
+/// float on Kokkos::Cuda built for sm_80 or newer, a device of compute capability 8.0+, head dim 64, 96 or 128
+/// and seq_k below 2^31 − 256 (their key positions are ints).
+template <class ExecSpace, class T>
+std::string tf32_space_problem(const ExecSpace& space, int d, long seq_k) {
 #if KFA_HAS_TENSOR_CORES
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
-                std::is_same<typename QV::non_const_value_type, float>::value &&
-                std::is_same<typename OV::non_const_value_type, float>::value) {
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<T, float>::value) {
     const auto& prop = space.cuda_device_prop();
     if (prop.major < 8)
       return "the device has compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
              " (tensor-core kernels need 8.0 or newer)";
-    const int d = static_cast<int>(q.extent(3));
     if (!tc_head_dim_supported(d))
       return "head_dim = " + std::to_string(d) + " (the tensor-core kernels exist for " + tc_head_dims_text() + ")";
-    std::string why;
-    tc_add_view_problem(why, "q", q);
-    tc_add_view_problem(why, "k", k);
-    tc_add_view_problem(why, "v", v);
-    tc_add_view_problem(why, "o", o);
-    if (!why.empty()) return why;
-    return tc_head_dim_switch(d, [&](auto dc) -> std::string {
-      using S = Tf32ForwardShape<decltype(dc)::value>;
-      std::string w = native_smem_problem(space, S::smem, "the fp32 tensor-core forward");
-      if (w.empty() && static_cast<long>(k.extent(1)) > 2147483647L - 256)
-        w = "seq_k = " + std::to_string(k.extent(1)) + " (the fp32 tensor-core forward indexes keys with 32-bit ints)";
-      return w.empty() ? tc_block_problem(opts, S::block_q, S::block_k, "fp32 forward") : w;
-    });
+    if (seq_k > 2147483647L - 256)
+      return "seq_k = " + std::to_string(seq_k) + " (the fp32 tensor-core kernels index keys with 32-bit ints)";
+    return "";
   }
 #endif
-  (void)space, (void)q, (void)k, (void)v, (void)o, (void)opts;
-  return std::string("there is no fp32 tensor-core kernel for ") + dtype_name<typename QV::non_const_value_type>() +
-         " on " + ExecSpace::name() + " (it needs Kokkos::Cuda built for sm_80 or newer and float elements)";
+  (void)space, (void)d, (void)seq_k;
+  return std::string("there is no fp32 tensor-core kernel for ") + dtype_name<T>() + " on " + ExecSpace::name() +
+         " (it needs Kokkos::Cuda built for sm_80 or newer and float elements)";
+}
+
+/// Why the fp32 tensor-core forward (3xTF32, tc_tf32_forward.hpp) cannot run these inputs on `space` ("" when
+/// it can): tf32_space_problem, rows as the tensor-core kernels need them, its shared memory and no block-size
+/// override it cannot honour.
+template <class ExecSpace, class QV, class KV, class VV, class OV>
+std::string tf32_forward_why_not(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                                 const AttentionOptions& opts) {
+  using T = typename QV::non_const_value_type;
+  const int d = static_cast<int>(q.extent(3));
+  std::string why = tf32_space_problem<ExecSpace, T>(space, d, static_cast<long>(k.extent(1)));
+  tc_add_view_problem(why, "q", q);
+  tc_add_view_problem(why, "k", k);
+  tc_add_view_problem(why, "v", v);
+  tc_add_view_problem(why, "o", o);
+  if (!why.empty()) return why;
+  return tc_head_dim_switch(d, [&](auto dc) -> std::string {
+    using S = Tf32ForwardShape<decltype(dc)::value>;
+    const std::string w = native_smem_problem(space, S::smem, "the fp32 tensor-core forward");
+    return w.empty() ? tc_block_problem(opts, S::block_q, S::block_k, "fp32 forward") : w;
+  });
+}
+
+/// Why the fp32 tensor-core backward (3xTF32, tc_tf32_backward.hpp) cannot run these inputs on `space` (""
+/// when it can): tf32_space_problem, rows of every view as the tensor-core kernels need them, the shared
+/// memory of both kernels and no block-size override (its two kernels' tiles differ).
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
+std::string tf32_backward_why_not(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+                                  const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
+  using T = typename QV::non_const_value_type;
+  const int d = static_cast<int>(q.extent(3));
+  std::string why = tf32_space_problem<ExecSpace, T>(space, d, static_cast<long>(k.extent(1)));
+  tc_add_view_problem(why, "q", q);
+  tc_add_view_problem(why, "k", k);
+  tc_add_view_problem(why, "v", v);
+  tc_add_view_problem(why, "d_o", d_o);
+  tc_add_view_problem(why, "dq", dq);
+  tc_add_view_problem(why, "dk", dk);
+  tc_add_view_problem(why, "dv", dv);
+  if (!why.empty()) return why;
+  return tc_head_dim_switch(d, [&](auto dc) -> std::string {
+    using S = Tf32BackwardShape<decltype(dc)::value>;
+    std::string w = native_smem_problem(space, std::max(S::dkdv_scratch, S::dq_scratch), "the fp32 tensor-core backward");
+    if (w.empty()) w = tc_block_problem(opts, S::dkdv_block_q, S::dkdv_block_k, "fp32 backward");
+    if (w.empty()) w = tc_block_problem(opts, S::dq_block_q, S::dq_block_k, "fp32 backward");
+    return w;
+  });
+}
+
+inline BackwardTileConfig tf32_backward_tiles(int head_dim, std::size_t smem_max) {
+  return tc_head_dim_switch(head_dim, [&](auto dc) {
+    using S = Tf32BackwardShape<decltype(dc)::value>;
+    return backward_tiles_of<S>(smem_max, 32 * S::warps, 32 * S::warps);
+  });
 }
 
 inline TileConfig tf32_forward_tiles(int head_dim, std::size_t smem_max) {

@@ -15,11 +15,22 @@
 namespace kfa {
 namespace detail {
 
+/// KFA_NATIVE_SMEM_CAP (bytes, a build-time knob for tests; 0: none): native_smem_max reports at most this
+/// much, so that a device with more shared memory runs and tests what a device with less would choose
+/// (101,376 B: sm_86/89; 166,912 B: sm_80). Every choice between kernels goes through native_smem_max.
+#ifndef KFA_NATIVE_SMEM_CAP
+#define KFA_NATIVE_SMEM_CAP 0
+#endif
+
 /// Shared memory per block the device of `space` allows with opt-in (0 off CUDA).
 template <class ExecSpace>
 std::size_t native_smem_max(const ExecSpace& space) {
 #if KFA_HAS_TENSOR_CORES
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) return space.cuda_device_prop().sharedMemPerBlockOptin;
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    const std::size_t have = space.cuda_device_prop().sharedMemPerBlockOptin;
+    const std::size_t cap = static_cast<std::size_t>(KFA_NATIVE_SMEM_CAP);
+    return cap > 0 && cap < have ? cap : have;
+  }
 #endif
   (void)space;
   return 0;
