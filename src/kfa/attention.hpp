@@ -129,10 +129,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
   std::string views_why;
-  tc_add_view_problem(views_why, "q", q);
-  tc_add_view_problem(views_why, "k", k);
-  tc_add_view_problem(views_why, "v", v);
-  tc_add_view_problem(views_why, "o", o);
+  tc_add_forward_view_problems(views_why, q, k, v, o);
   std::string tc_why = tc_space_problem<ExecSpace, T>(space, d);
   if (tc_why.empty()) tc_why = views_why;
   std::string fa2_why = tc_space_problem<ExecSpace, T>(space, d, true);  // the FA2-layout kernels also have d = 256
@@ -153,8 +150,11 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
     case P::tensor_core_team: family = need(P::tensor_core_team, team_why); break;
     case P::simt_fp32: family = need(P::simt_fp32, simt_why); break;
     case P::tensor_core_tf32x3: family = need(P::tensor_core_tf32x3, tf32_why); break;
-    case P::tensor_core:
-      family = fa2_why.empty() ? P::tensor_core_fa2 : team_why.empty() ? P::tensor_core_team : need(P::tensor_core, team_why);
+    case P::tensor_core:  // neither family can run: both reasons (at d = 256 the team one is only the head dim)
+      family = fa2_why.empty()    ? P::tensor_core_fa2
+               : team_why.empty() ? P::tensor_core_team
+                                  : need(P::tensor_core, "the FA2-layout forward cannot run (" + fa2_why +
+                                                             ") nor the team forward (" + team_why + ")");
       break;
     case P::automatic:
       family = fa2_why.empty()    ? P::tensor_core_fa2
@@ -322,13 +322,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
     why_not = tc_block_problem(opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
     if (why_not.empty() && !fused) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
   }
-  tc_add_view_problem(why_not, "q", q);
-  tc_add_view_problem(why_not, "k", k);
-  tc_add_view_problem(why_not, "v", v);
-  tc_add_view_problem(why_not, "d_o", d_o);
-  tc_add_view_problem(why_not, "dq", dq);
-  tc_add_view_problem(why_not, "dk", dk);
-  tc_add_view_problem(why_not, "dv", dv);
+  tc_add_backward_view_problems(why_not, q, k, v, d_o, dq, dk, dv);
   const std::string tf32_why = tf32_backward_why_not(space, q, k, v, d_o, dq, dk, dv, opts);
   const std::string simt_why = simt_backward_why_not<ExecSpace>(q, k, v, d_o, dq, dk, dv, opts);
   auto need = [&](const std::string& why) {

@@ -145,8 +145,9 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
 }
 
 // Head dim 256: the FA2-layout kernels run it, forward and backward (dK/dV with 64 keys per block, dQ with one
-// m16 tile per warp). Where the device does not give the backward its shared memory (sm_80's 163 KB, sm_86/89's
-// 99 KB), automatic runs the portable backward and naming tensor_core there is an error saying why.
+// m16 tile per warp). Where the device does not give them their shared memory (the backward: not sm_80's 163 KB;
+// neither: not sm_86/89's 99 KB), automatic runs the portable kernels and naming tensor_core there is an error
+// saying why.
 TYPED_TEST(Paths, TensorCoreHeadDim256) {
   using T = TypeParam;
   using P = kfa::TileProductPath;
@@ -154,6 +155,7 @@ TYPED_TEST(Paths, TensorCoreHeadDim256) {
     GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
   } else {
     const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
+    const std::string fwd_why = kfa::detail::fa2_forward_problem(Exec(), 256);
     const std::string bwd_why = kfa::detail::tc_backward_problem(Exec(), 256, false);
     const std::string atomic_why = kfa::detail::tc_backward_problem(Exec(), 256, true);
     RefOptions plain, causal, window;
@@ -169,6 +171,7 @@ TYPED_TEST(Paths, TensorCoreHeadDim256) {
         {{1, 257, 190, 2, 2, 256}, window}};
     for (const auto& [s, ro] : cases) {
       if (small && s.seq_q != 100) continue;
+      if (!fwd_why.empty()) break;  // no tensor-core kernel of d = 256 runs here: the plans below say so
       if (bwd_why.empty() && atomic_why.empty()) {  // forward and backward, every tensor-core kernel of d = 256
         check_paths_agree<T>(s, ro);
         continue;
@@ -202,7 +205,15 @@ TYPED_TEST(Paths, TensorCoreHeadDim256) {
         dv("dv", 1, 64, 2, 256);
     kfa::AttentionOptions opts, nondet;
     nondet.deterministic = false;
-    EXPECT_EQ(kfa::plan_forward(Exec(), q, q, q, o, opts).family, P::tensor_core_fa2);
+    EXPECT_EQ(kfa::plan_forward(Exec(), q, q, q, o, opts).family, fwd_why.empty() ? P::tensor_core_fa2 : P::portable);
+    if (!fwd_why.empty()) {
+      kfa::AttentionOptions tc;
+      tc.path = P::tensor_core;
+      const std::string e = error_of<T>(s, tc, false);
+      EXPECT_NE(e.find("opts.path = tensor_core but the FA2-layout forward cannot run (the device allows"),
+                std::string::npos) << e;
+      EXPECT_NE(e.find("head_dim = 256"), std::string::npos) << e;
+    }
     const kfa::BackwardPlan b = kfa::plan_backward(Exec(), q, q, q, q, dq, dk, dv, opts);
     const kfa::BackwardPlan nb = kfa::plan_backward(Exec(), q, q, q, q, dq, dk, dv, nondet);
     EXPECT_EQ(b.family, bwd_why.empty() ? P::tensor_core : P::portable) << b.region;

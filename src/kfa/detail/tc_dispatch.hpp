@@ -58,6 +58,25 @@ void tc_add_view_problem(std::string& why, const char* name, const V& v) {
   if (!why.empty()) return;
   if (const char* p = tc_view_problem(v)) why = std::string(name) + ": " + p;
 }
+/// The same for the forward's views (q, k, v, o), and for the backward's (q, k, v, d_o, dq, dk, dv).
+template <class QV, class KV, class VV, class OV>
+void tc_add_forward_view_problems(std::string& why, const QV& q, const KV& k, const VV& v, const OV& o) {
+  tc_add_view_problem(why, "q", q);
+  tc_add_view_problem(why, "k", k);
+  tc_add_view_problem(why, "v", v);
+  tc_add_view_problem(why, "o", o);
+}
+template <class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
+void tc_add_backward_view_problems(std::string& why, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+                                   const DQV& dq, const DKV& dk, const DVV& dv) {
+  tc_add_view_problem(why, "q", q);
+  tc_add_view_problem(why, "k", k);
+  tc_add_view_problem(why, "v", v);
+  tc_add_view_problem(why, "d_o", d_o);
+  tc_add_view_problem(why, "dq", dq);
+  tc_add_view_problem(why, "dk", dk);
+  tc_add_view_problem(why, "dv", dv);
+}
 
 /// A block-size override the tensor-core kernels cannot honour, or "".
 inline std::string tc_block_problem(const AttentionOptions& opts, int block_q, int block_k, const char* kernel) {
@@ -197,10 +216,7 @@ std::string simt_forward_why_not(const QV& q, const KV& k, const VV& v, const OV
              ", opts.block_k = " + std::to_string(opts.block_k) + "; the fp32 kernel has fixed tiles)";
     if (d != 64 && d != 128) return "head_dim = " + std::to_string(d) + " (the fp32 kernel exists for 64 and 128)";
     std::string why;
-    tc_add_view_problem(why, "q", q);
-    tc_add_view_problem(why, "k", k);
-    tc_add_view_problem(why, "v", v);
-    tc_add_view_problem(why, "o", o);
+    tc_add_forward_view_problems(why, q, k, v, o);
     return why;
   }
 #endif
@@ -241,10 +257,7 @@ std::string tf32_forward_why_not(const ExecSpace& space, const QV& q, const KV& 
   using T = typename QV::non_const_value_type;
   const int d = static_cast<int>(q.extent(3));
   std::string why = tf32_space_problem<ExecSpace, T>(space, d, static_cast<long>(k.extent(1)));
-  tc_add_view_problem(why, "q", q);
-  tc_add_view_problem(why, "k", k);
-  tc_add_view_problem(why, "v", v);
-  tc_add_view_problem(why, "o", o);
+  tc_add_forward_view_problems(why, q, k, v, o);
   if (!why.empty()) return why;
   return tc_head_dim_switch(d, [&](auto dc) -> std::string {
     using S = Tf32ForwardShape<decltype(dc)::value>;
@@ -262,13 +275,7 @@ std::string tf32_backward_why_not(const ExecSpace& space, const QV& q, const KV&
   using T = typename QV::non_const_value_type;
   const int d = static_cast<int>(q.extent(3));
   std::string why = tf32_space_problem<ExecSpace, T>(space, d, static_cast<long>(k.extent(1)));
-  tc_add_view_problem(why, "q", q);
-  tc_add_view_problem(why, "k", k);
-  tc_add_view_problem(why, "v", v);
-  tc_add_view_problem(why, "d_o", d_o);
-  tc_add_view_problem(why, "dq", dq);
-  tc_add_view_problem(why, "dk", dk);
-  tc_add_view_problem(why, "dv", dv);
+  tc_add_backward_view_problems(why, q, k, v, d_o, dq, dk, dv);
   if (!why.empty()) return why;
   return tc_head_dim_switch(d, [&](auto dc) -> std::string {
     using S = Tf32BackwardShape<decltype(dc)::value>;
@@ -305,10 +312,7 @@ template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, c
 std::string simt_backward_why_not(const QV& q, const KV& k, const VV& v, const DOV& d_o, const DQV& dq, const DKV& dk,
                                   const DVV& dv, const AttentionOptions& opts) {
   std::string why = simt_forward_why_not<ExecSpace>(q, k, v, q, opts);  // q in o's place: its checks are q's
-  tc_add_view_problem(why, "d_o", d_o);
-  tc_add_view_problem(why, "dq", dq);
-  tc_add_view_problem(why, "dk", dk);
-  tc_add_view_problem(why, "dv", dv);
+  tc_add_backward_view_problems(why, q, k, v, d_o, dq, dk, dv);           // (q, k, v already checked: no-ops)
   return why;
 }
 

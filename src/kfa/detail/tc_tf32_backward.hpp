@@ -24,7 +24,7 @@
 #include <kfa/detail/tc_common.hpp>
 #include <kfa/detail/tc_fa2_dq.hpp>        // Fa2DqArgs
 #include <kfa/detail/tc_native.hpp>
-#include <kfa/detail/tc_tf32_forward.hpp>  // tc::split_tf32, tc::mma_3xtf32
+#include <kfa/detail/tc_tf32_forward.hpp>  // tc::scores_3xtf32, tc::accumulate_c_rows_3xtf32, ...
 
 #include <cstddef>
 #include <cstdint>
@@ -33,10 +33,16 @@
 namespace kfa {
 namespace detail {
 
-/// Query rows per dK/dV step and keys per dQ tile (build-time knobs for tuning experiments). The dQ kernel at
-/// d = 96 takes 16 keys: with 32 it spilled 36 B (ptxas, CUDA 13.0; d = 64 and 128 do not).
+/// Query rows per dK/dV step and keys per dQ tile (build-time knobs for tuning experiments). dK/dV steps of 64
+/// rows at d = 64: +3.9 to +6.2% forward+backward over 32 (H200, kfa vs kfa, perf/RESULTS.md, ninth session).
+/// At d = 96 they gave +3.3 to +4.0% but take 170 KB, more than sm_80's 163 KB (where d = 96 would then have the
+/// portable backward only); at d = 128 they spilled 36 B (ptxas, CUDA 13.0). The dQ kernel at d = 96 takes 16
+/// keys: with 32 it spilled 36 B (d = 64 and 128 do not; 64 keys spilled at d = 64 and 128).
 #ifndef KFA_TF32_BWD_BLOCK_Q
 #define KFA_TF32_BWD_BLOCK_Q 32
+#endif
+#ifndef KFA_TF32_BWD_D64_BLOCK_Q
+#define KFA_TF32_BWD_D64_BLOCK_Q 64
 #endif
 #ifndef KFA_TF32_DQ_BLOCK_K
 #define KFA_TF32_DQ_BLOCK_K 32
@@ -49,13 +55,14 @@ struct Tf32BackwardShape {
   static constexpr int warps = 8;      // both kernels: 16 rows per warp (keys in dK/dV, queries in dQ)
   static constexpr int pitch = D + 4;  // floats per shared row
   static constexpr int dkdv_block_k = 16 * warps / 2;       // owned keys: two warps per 16 (dV, dK)
-  static constexpr int dkdv_block_q = KFA_TF32_BWD_BLOCK_Q;  // streamed query rows per step
+  static constexpr int dkdv_block_q = D <= 64 ? KFA_TF32_BWD_D64_BLOCK_Q : KFA_TF32_BWD_BLOCK_Q;  // query rows per step
   static constexpr int dq_block_q = 16 * warps;              // owned query rows
   static constexpr int dq_block_k = D == 96 ? KFA_TF32_DQ_D96_BLOCK_K : KFA_TF32_DQ_BLOCK_K;  // streamed keys per tile
   static_assert(D % 32 == 0 && dkdv_block_q % 16 == 0 && dq_block_k % 16 == 0,
                 "32 head dims per partial sum; n-tiles in pairs");
   /// dK/dV: K and V, two stages of Q and dO, and a buffer of BK × BQ (Pᵀ·softcap' from one warp of a pair to
-  /// the other); dQ: Q and dO, then two stages of K and V; all fp32 (d = 128: 140 and 198 KB).
+  /// the other); dQ: Q and dO, then two stages of K and V; all fp32 (d = 64: 118 and 102 KB, 96: 108 and
+  /// 125 KB, 128: 140 and 198 KB).
   static constexpr std::size_t dkdv_scratch =
       static_cast<std::size_t>(2 * dkdv_block_k + 4 * dkdv_block_q) * pitch * 4 + std::size_t(dkdv_block_k) * dkdv_block_q * 4;
   static constexpr std::size_t dq_scratch = static_cast<std::size_t>(2 * dq_block_q + 4 * dq_block_k) * pitch * 4;
@@ -71,90 +78,6 @@ struct Tf32BackwardArgs : Fa2DqArgs<float> {
 };
 
 #if KFA_HAS_TENSOR_CORES
-#if KFA_TC_DEVICE
-namespace tc {
-/// part[q] += A·B over 8 keys (or queries) for the n-tiles 4p + q (q < 4) of 32 head dims, in 3×TF32: A is
-/// the C fragment `c` of an m16n8 tile (its k-slot t is column 2t, t + 4 is 2t + 1), B the rows 2t and
-/// 2t + 1 at `rows` (float pointer, `pitch` floats apart), head dims 4g … 4g + 3 (see tc_tf32_forward.hpp).
-template <int Pitch>
-__device__ __forceinline__ void mma_c_rows_3xtf32(float (&part)[4][4], const float (&c)[4], const float* rows) {
-  const std::uint32_t af[4] = {__float_as_uint(c[0]), __float_as_uint(c[2]), __float_as_uint(c[1]), __float_as_uint(c[3])};
-  std::uint32_t ab[4], as[4];
-  split_tf32(af, ab, as);
-  const float4 x0 = *reinterpret_cast<const float4*>(rows);
-  const float4 x1 = *reinterpret_cast<const float4*>(rows + Pitch);
-  const std::uint32_t bf[8] = {__float_as_uint(x0.x), __float_as_uint(x0.y), __float_as_uint(x0.z), __float_as_uint(x0.w),
-                               __float_as_uint(x1.x), __float_as_uint(x1.y), __float_as_uint(x1.z), __float_as_uint(x1.w)};
-  std::uint32_t bb[8], bs[8];
-  split_tf32(bf, bb, bs);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) mma_3xtf32(part[q], ab, as, bb[q], bb[4 + q], bs[q], bs[4 + q]);
-}
-
-/// acc += A·B for D head dims, A the C fragments c[kk] of NK tiles of 8 keys (or queries) and B their rows
-/// at `rows` (this lane's offset applied): per 32 head dims, the tile's part is summed in a zeroed C and added
-/// to acc in registers.
-template <int D, int NK, int P>
-__device__ __forceinline__ void accumulate_c_rows_3xtf32(float (&acc)[D / 8][4], const float (&c)[NK][4], const float* rows) {
-#pragma unroll
-  for (int p = 0; p < D / 32; ++p) {
-    float part[4][4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) part[q][0] = part[q][1] = part[q][2] = part[q][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < NK; ++kk) mma_c_rows_3xtf32<P>(part, c[kk], rows + kk * 8 * P + 32 * p);
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[4 * p + q][e] += part[q][e];
-  }
-}
-
-/// c[n] += A·Bᵀ over D head dims in 3×TF32 for NT n-tiles: A the 16 rows at `a_lane` (ldmatrix lane address,
-/// row-major, pitch P floats), B the rows at `b_lane` (n-major); 32 head dims at a time into a zeroed C.
-template <int D, int NT, int P>
-__device__ __forceinline__ void scores_3xtf32(float (&c)[NT][4], std::uint32_t a_lane, std::uint32_t b_lane) {
-#pragma unroll
-  for (int k0 = 0; k0 < D / 8; k0 += 4) {
-    float part[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
-#pragma unroll
-    for (int kk = k0; kk < k0 + 4; ++kk) {
-      std::uint32_t af[4], ab[4], as[4];
-      ldmatrix_x4(af, a_lane + static_cast<std::uint32_t>(kk * 8 * 4));
-      split_tf32(af, ab, as);
-#pragma unroll
-      for (int n = 0; n < NT; n += 2) {
-        std::uint32_t bf[4], bb[4], bs[4];
-        ldmatrix_x4(bf, b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 8) * 4));
-        split_tf32(bf, bb, bs);
-        mma_3xtf32(part[n], ab, as, bb[0], bb[1], bs[0], bs[1]);
-        mma_3xtf32(part[n + 1], ab, as, bb[2], bb[3], bs[2], bs[3]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[n][e] += part[n][e];
-  }
-}
-
-/// row[32p + 8t + 4·half + q] = acc[4p + q][2r + half] · f for the head dims this lane holds of row r
-/// (the permuted layout of mma_c_rows_3xtf32's n-tiles); `row` already points at head dim 8t.
-template <int D>
-__device__ __forceinline__ void store_rows_permuted(float* row, const float (&acc)[D / 8][4], int r, float f) {
-#pragma unroll
-  for (int p = 0; p < D / 32; ++p)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int e = 2 * r + half;
-      *reinterpret_cast<float4*>(row + 32 * p + 4 * half) =
-          make_float4(acc[4 * p][e] * f, acc[4 * p + 1][e] * f, acc[4 * p + 2][e] * f, acc[4 * p + 3][e] * f);
-    }
-}
-}  // namespace tc
-#endif
 
 template <int D, bool Softcap>
 __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)

@@ -101,6 +101,86 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const std::uint32_t (&
   mma_tf32(d, a_big, b0_small, b1_small);
   mma_tf32(d, a_big, b0_big, b1_big);
 }
+/// part[q] += A·B over 8 keys (or queries) for the n-tiles 4p + q (q < 4) of 32 head dims, in 3×TF32: A is
+/// the C fragment `c` of an m16n8 tile (its k-slot t is column 2t, t + 4 is 2t + 1), B the rows 2t and
+/// 2t + 1 at `rows` (float pointer, `pitch` floats apart), head dims 4g … 4g + 3 (see the top of this file).
+template <int Pitch>
+__device__ __forceinline__ void mma_c_rows_3xtf32(float (&part)[4][4], const float (&c)[4], const float* rows) {
+  const std::uint32_t af[4] = {__float_as_uint(c[0]), __float_as_uint(c[2]), __float_as_uint(c[1]), __float_as_uint(c[3])};
+  std::uint32_t ab[4], as[4];
+  split_tf32(af, ab, as);
+  const float4 x0 = *reinterpret_cast<const float4*>(rows);
+  const float4 x1 = *reinterpret_cast<const float4*>(rows + Pitch);
+  const std::uint32_t bf[8] = {__float_as_uint(x0.x), __float_as_uint(x0.y), __float_as_uint(x0.z), __float_as_uint(x0.w),
+                               __float_as_uint(x1.x), __float_as_uint(x1.y), __float_as_uint(x1.z), __float_as_uint(x1.w)};
+  std::uint32_t bb[8], bs[8];
+  split_tf32(bf, bb, bs);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) mma_3xtf32(part[q], ab, as, bb[q], bb[4 + q], bs[q], bs[4 + q]);
+}
+
+/// acc += A·B for D head dims, A the C fragments c[kk] of NK tiles of 8 keys (or queries) and B their rows
+/// at `rows` (this lane's offset applied): per 32 head dims, the tile's part is summed in a zeroed C and added
+/// to acc in registers.
+template <int D, int NK, int P>
+__device__ __forceinline__ void accumulate_c_rows_3xtf32(float (&acc)[D / 8][4], const float (&c)[NK][4], const float* rows) {
+#pragma unroll
+  for (int p = 0; p < D / 32; ++p) {
+    float part[4][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) part[q][0] = part[q][1] = part[q][2] = part[q][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) mma_c_rows_3xtf32<P>(part, c[kk], rows + kk * 8 * P + 32 * p);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[4 * p + q][e] += part[q][e];
+  }
+}
+
+/// c[n] += A·Bᵀ over D head dims in 3×TF32 for NT n-tiles: A the 16 rows at `a_lane` (ldmatrix lane address,
+/// row-major, pitch P floats), B the rows at `b_lane` (n-major); 32 head dims at a time into a zeroed C.
+template <int D, int NT, int P>
+__device__ __forceinline__ void scores_3xtf32(float (&c)[NT][4], std::uint32_t a_lane, std::uint32_t b_lane) {
+#pragma unroll
+  for (int k0 = 0; k0 < D / 8; k0 += 4) {
+    float part[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
+#pragma unroll
+    for (int kk = k0; kk < k0 + 4; ++kk) {
+      std::uint32_t af[4], ab[4], as[4];
+      ldmatrix_x4(af, a_lane + static_cast<std::uint32_t>(kk * 8 * 4));
+      split_tf32(af, ab, as);
+#pragma unroll
+      for (int n = 0; n < NT; n += 2) {
+        std::uint32_t bf[4], bb[4], bs[4];
+        ldmatrix_x4(bf, b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 8) * 4));
+        split_tf32(bf, bb, bs);
+        mma_3xtf32(part[n], ab, as, bb[0], bb[1], bs[0], bs[1]);
+        mma_3xtf32(part[n + 1], ab, as, bb[2], bb[3], bs[2], bs[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[n][e] += part[n][e];
+  }
+}
+
+/// row[32p + 8t + 4·half + q] = acc[4p + q][2r + half] · f for the head dims this lane holds of row r
+/// (the permuted layout of mma_c_rows_3xtf32's n-tiles); `row` already points at head dim 8t.
+template <int D>
+__device__ __forceinline__ void store_rows_permuted(float* row, const float (&acc)[D / 8][4], int r, float f) {
+#pragma unroll
+  for (int p = 0; p < D / 32; ++p)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int e = 2 * r + half;
+      *reinterpret_cast<float4*>(row + 32 * p + 4 * half) =
+          make_float4(acc[4 * p][e] * f, acc[4 * p + 1][e] * f, acc[4 * p + 2][e] * f, acc[4 * p + 3][e] * f);
+    }
+}
 }  // namespace tc
 #endif
 
@@ -181,30 +261,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     // S = Q·Kᵀ, 32 head dims at a time into a zeroed C, added to S in registers (as O below).
-#pragma unroll
-    for (int k0 = 0; k0 < D / 8; k0 += 4) {
-      float sp[BC / 8][4];
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) sp[n][0] = sp[n][1] = sp[n][2] = sp[n][3] = 0.f;
-#pragma unroll
-      for (int kk = k0; kk < k0 + 4; ++kk) {
-        std::uint32_t qa[4], qb[4], qsm[4];
-        tc::ldmatrix_x4(qa, q_lane + static_cast<std::uint32_t>(kk * 8 * 4));
-        tc::split_tf32(qa, qb, qsm);
-#pragma unroll
-        for (int n = 0; n < BC / 8; n += 2) {
-          std::uint32_t kf[4], kb[4], ksm[4];
-          tc::ldmatrix_x4(kf, k_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 8) * 4));
-          tc::split_tf32(kf, kb, ksm);
-          tc::mma_3xtf32(sp[n], qb, qsm, kb[0], kb[1], ksm[0], ksm[1]);
-          tc::mma_3xtf32(sp[n + 1], qb, qsm, kb[2], kb[3], ksm[2], ksm[3]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] += sp[n][e];
-    }
+    tc::scores_3xtf32<D, BC / 8, P>(s, q_lane, k_lane);
 
     if (Softcap) {
 #pragma unroll
@@ -258,33 +315,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
 
     // O += P·V, 32 head dims at a time: this tile's part is summed in a zeroed C and added to O in registers,
     // because the tensor core truncates what it adds to C (see the top of this file).
-#pragma unroll
-    for (int p = 0; p < D / 32; ++p) {
-      float part[4][4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) part[q][0] = part[q][1] = part[q][2] = part[q][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < BC / 8; ++kk) {
-        const std::uint32_t pf[4] = {__float_as_uint(s[kk][0]), __float_as_uint(s[kk][2]), __float_as_uint(s[kk][1]),
-                                     __float_as_uint(s[kk][3])};
-        std::uint32_t pb[4], psm[4];
-        tc::split_tf32(pf, pb, psm);
-        const float* v0 = v_lane + kk * 8 * P + 32 * p;
-        const float4 x0 = *reinterpret_cast<const float4*>(v0);
-        const float4 x1 = *reinterpret_cast<const float4*>(v0 + P);
-        const std::uint32_t vf[8] = {__float_as_uint(x0.x), __float_as_uint(x0.y), __float_as_uint(x0.z),
-                                     __float_as_uint(x0.w), __float_as_uint(x1.x), __float_as_uint(x1.y),
-                                     __float_as_uint(x1.z), __float_as_uint(x1.w)};
-        std::uint32_t vb[8], vsm[8];
-        tc::split_tf32(vf, vb, vsm);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) tc::mma_3xtf32(part[q], pb, psm, vb[q], vb[4 + q], vsm[q], vsm[4 + q]);
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[4 * p + q][e] += part[q][e];
-    }
+    tc::accumulate_c_rows_3xtf32<D, BC / 8, P>(acc, s, v_lane);
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   tc::cp_async_wait_all();
@@ -301,16 +332,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + 8 * r;
     if (row >= a.seq_q) continue;
-    float* orow = obase + row * a.o_s[1] + 8 * t4;
-#pragma unroll
-    for (int p = 0; p < D / 32; ++p)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int e = 2 * r + half;
-        *reinterpret_cast<float4*>(orow + 32 * p + 4 * half) =
-            make_float4(acc[4 * p][e] * inv[r], acc[4 * p + 1][e] * inv[r], acc[4 * p + 2][e] * inv[r],
-                        acc[4 * p + 3][e] * inv[r]);
-      }
+    tc::store_rows_permuted<D>(obase + row * a.o_s[1] + 8 * t4, acc, r, inv[r]);
     if (t4 == 0) lbase[row * a.l_s[2]] = SoftmaxState<float>{m[r], lsum[r]}.lse();
   }
 #else
