@@ -302,10 +302,11 @@ TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
             portable = r;
             continue;
           }
-          EXPECT_TRUE(close_frobenius(to_doubles4(r.o), to_doubles4(portable.o), tolerance<float>())) << name << " o vs portable";
-          EXPECT_TRUE(close_frobenius(to_doubles4(r.dq), to_doubles4(portable.dq), tolerance<float>())) << name << " dq vs portable";
-          EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), to_doubles4(portable.dk), tolerance<float>())) << name << " dk vs portable";
-          EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), to_doubles4(portable.dv), tolerance<float>())) << name << " dv vs portable";
+          const double tol = tolerance<float>();
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.o), to_doubles4(portable.o), tol)) << name << " o vs portable";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dq), to_doubles4(portable.dq), tol)) << name << " dq vs portable";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), to_doubles4(portable.dk), tol)) << name << " dk vs portable";
+          EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), to_doubles4(portable.dv), tol)) << name << " dv vs portable";
         }
       }
     }
@@ -385,8 +386,9 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
         EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
       }
     }
-    const bool bwd_runs = p == P::simt_fp32 ? f32cuda
-                                            : kfa::detail::tf32_backward_why_not(Exec(), q, k, v, d_o, dq, dk, dv, opts).empty();
+    const bool bwd_runs = p == P::simt_fp32
+                              ? f32cuda
+                              : kfa::detail::tf32_backward_why_not(Exec(), q, k, v, d_o, dq, dk, dv, opts).empty();
     if (bwd_runs) {
       EXPECT_EQ(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).family, p);
     } else {

@@ -250,7 +250,8 @@ TEST(SimtBackward, AgreesWithReferenceAndPortableD128) {
 TEST(Tf32Backward, AgreesWithReferenceAndPortable) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (!std::is_same<Exec, Kokkos::Cuda>::value) {
-    GTEST_SKIP() << "the fp32 tensor-core backward runs on Kokkos::Cuda; the default execution space is " << Exec::name();
+    GTEST_SKIP() << "the fp32 tensor-core backward runs on Kokkos::Cuda; the default execution space is "
+                 << Exec::name();
   } else {
     const std::string why = kfa::detail::tf32_space_problem<Exec, float>(Exec(), 128, 0);
     if (!why.empty()) GTEST_SKIP() << why;

@@ -48,7 +48,9 @@ std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2 = fa
 #endif
   if (fa2 ? !fa2_head_dim_supported(head_dim) : !tc_head_dim_supported(head_dim))
     return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() +
-           (fa2 ? "; the FA2-layout ones also for 256)" : (head_dim == 256 ? "; only the FA2-layout ones for 256)" : ")"));
+           (fa2                ? "; the FA2-layout ones also for 256)"
+            : head_dim == 256 ? "; only the FA2-layout ones for 256)"
+                              : ")");
   return "";
 }
 
@@ -279,7 +281,8 @@ std::string tf32_backward_why_not(const ExecSpace& space, const QV& q, const KV&
   if (!why.empty()) return why;
   return tc_head_dim_switch(d, [&](auto dc) -> std::string {
     using S = Tf32BackwardShape<decltype(dc)::value>;
-    std::string w = native_smem_problem(space, std::max(S::dkdv_scratch, S::dq_scratch), "the fp32 tensor-core backward");
+    std::string w =
+        native_smem_problem(space, std::max(S::dkdv_scratch, S::dq_scratch), "the fp32 tensor-core backward");
     if (w.empty()) w = tc_block_problem(opts, S::dkdv_block_q, S::dkdv_block_k, "fp32 backward");
     if (w.empty()) w = tc_block_problem(opts, S::dq_block_q, S::dq_block_k, "fp32 backward");
     return w;

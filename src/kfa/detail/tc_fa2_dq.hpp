@@ -5,9 +5,10 @@
 ///
 ///   4 warps, BQ = 128 query rows, 32 rows (two m16 tiles) per warp, so every K or V fragment a warp reads
 ///   from shared memory feeds four mma instead of two. At d = 256, 8 warps of 16 rows (one m16 tile: dQ's
-///   fp32 accumulator alone is then 128 registers per thread), as in the FA2-layout forward there. Q and dO are copied to shared memory once and
-///   re-read with ldmatrix (TcDqKernel keeps them in registers, which left room for 16 rows per warp only,
-///   in 40,936 B of Kokkos team scratch); K and V tiles of BK keys are double-buffered with cp.async.
+///   fp32 accumulator alone is then 128 registers per thread), as in the FA2-layout forward there. Q and dO
+///   are copied to shared memory once and re-read with ldmatrix (TcDqKernel keeps them in registers, which
+///   left room for 16 rows per warp only, in 40,936 B of Kokkos team scratch); K and V tiles of BK keys are
+///   double-buffered with cp.async.
 ///   A tile: S = Q·Kᵀ and dP = dO·Vᵀ, dS = P ∘ (dP − D) (∘ softcap') in registers, dQ += dS·K.
 ///   No atomics: each block owns its rows of dQ, so the result is bitwise reproducible.
 #include <kfa/detail/backward_kernel.hpp>  // recompute_lse

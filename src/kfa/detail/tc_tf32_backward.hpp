@@ -64,7 +64,8 @@ struct Tf32BackwardShape {
   /// the other); dQ: Q and dO, then two stages of K and V; all fp32 (d = 64: 118 and 102 KB, 96: 108 and
   /// 125 KB, 128: 140 and 198 KB).
   static constexpr std::size_t dkdv_scratch =
-      static_cast<std::size_t>(2 * dkdv_block_k + 4 * dkdv_block_q) * pitch * 4 + std::size_t(dkdv_block_k) * dkdv_block_q * 4;
+      static_cast<std::size_t>(2 * dkdv_block_k + 4 * dkdv_block_q) * pitch * 4 +
+      static_cast<std::size_t>(dkdv_block_k) * dkdv_block_q * 4;
   static constexpr std::size_t dq_scratch = static_cast<std::size_t>(2 * dq_block_q + 4 * dq_block_k) * pitch * 4;
 };
 

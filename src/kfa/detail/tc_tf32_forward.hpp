@@ -106,13 +106,15 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const std::uint32_t (&
 /// 2t + 1 at `rows` (float pointer, `pitch` floats apart), head dims 4g … 4g + 3 (see the top of this file).
 template <int Pitch>
 __device__ __forceinline__ void mma_c_rows_3xtf32(float (&part)[4][4], const float (&c)[4], const float* rows) {
-  const std::uint32_t af[4] = {__float_as_uint(c[0]), __float_as_uint(c[2]), __float_as_uint(c[1]), __float_as_uint(c[3])};
+  const std::uint32_t af[4] = {__float_as_uint(c[0]), __float_as_uint(c[2]), __float_as_uint(c[1]),
+                               __float_as_uint(c[3])};
   std::uint32_t ab[4], as[4];
   split_tf32(af, ab, as);
   const float4 x0 = *reinterpret_cast<const float4*>(rows);
   const float4 x1 = *reinterpret_cast<const float4*>(rows + Pitch);
-  const std::uint32_t bf[8] = {__float_as_uint(x0.x), __float_as_uint(x0.y), __float_as_uint(x0.z), __float_as_uint(x0.w),
-                               __float_as_uint(x1.x), __float_as_uint(x1.y), __float_as_uint(x1.z), __float_as_uint(x1.w)};
+  const std::uint32_t bf[8] = {__float_as_uint(x0.x), __float_as_uint(x0.y), __float_as_uint(x0.z),
+                               __float_as_uint(x0.w), __float_as_uint(x1.x), __float_as_uint(x1.y),
+                               __float_as_uint(x1.z), __float_as_uint(x1.w)};
   std::uint32_t bb[8], bs[8];
   split_tf32(bf, bb, bs);
 #pragma unroll
@@ -123,7 +125,8 @@ __device__ __forceinline__ void mma_c_rows_3xtf32(float (&part)[4][4], const flo
 /// at `rows` (this lane's offset applied): per 32 head dims, the tile's part is summed in a zeroed C and added
 /// to acc in registers.
 template <int D, int NK, int P>
-__device__ __forceinline__ void accumulate_c_rows_3xtf32(float (&acc)[D / 8][4], const float (&c)[NK][4], const float* rows) {
+__device__ __forceinline__ void accumulate_c_rows_3xtf32(float (&acc)[D / 8][4], const float (&c)[NK][4],
+                                                         const float* rows) {
 #pragma unroll
   for (int p = 0; p < D / 32; ++p) {
     float part[4][4];
