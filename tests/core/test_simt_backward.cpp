@@ -257,14 +257,16 @@ TEST(Tf32Backward, AgreesWithReferenceAndPortable) {
     if (!why.empty()) GTEST_SKIP() << why;
     int ran = 0;
     auto head_dim = [&](auto dc) {  // where the device gives this head dim's kernels their shared memory
-      using S = kfa::detail::Tf32BackwardShape<decltype(dc)::value>;
-      const std::string smem_why = kfa::detail::native_smem_problem(Exec(), std::max(S::dkdv_scratch, S::dq_scratch),
-                                                                    "the fp32 tensor-core backward");
+      constexpr int D = decltype(dc)::value;
+      const std::string smem_why = kfa::detail::native_smem_problem(
+          Exec(), kfa::detail::tf32_backward_min_smem<D>(), "the fp32 tensor-core backward");
       if (!smem_why.empty()) {
-        std::printf("[ note ] d = %d: %s\n", decltype(dc)::value, smem_why.c_str());
+        std::printf("[ note ] d = %d: %s\n", D, smem_why.c_str());
         return;
       }
-      all_cases<decltype(dc)::value>(Fp32Backward::tf32x3);
+      std::printf("[ note ] d = %d: dQ kernel with %d warps\n", D,
+                  kfa::detail::tf32_dq_warps<D>(kfa::detail::native_smem_max(Exec())));
+      all_cases<D>(Fp32Backward::tf32x3);
       ++ran;
     };
     head_dim(std::integral_constant<int, 64>{});

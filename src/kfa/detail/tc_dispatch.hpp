@@ -280,19 +280,27 @@ std::string tf32_backward_why_not(const ExecSpace& space, const QV& q, const KV&
   tc_add_backward_view_problems(why, q, k, v, d_o, dq, dk, dv);
   if (!why.empty()) return why;
   return tc_head_dim_switch(d, [&](auto dc) -> std::string {
-    using S = Tf32BackwardShape<decltype(dc)::value>;
-    std::string w =
-        native_smem_problem(space, std::max(S::dkdv_scratch, S::dq_scratch), "the fp32 tensor-core backward");
+    constexpr int D = decltype(dc)::value;
+    using S = Tf32BackwardShape<D>;
+    std::string w = native_smem_problem(space, tf32_backward_min_smem<D>(), "the fp32 tensor-core backward");
     if (w.empty()) w = tc_block_problem(opts, S::dkdv_block_q, S::dkdv_block_k, "fp32 backward");
-    if (w.empty()) w = tc_block_problem(opts, S::dq_block_q, S::dq_block_k, "fp32 backward");
+    const int dq_block_q = 16 * tf32_dq_warps<D>(native_smem_max(space));
+    if (w.empty()) w = tc_block_problem(opts, dq_block_q, S::dq_block_k, "fp32 backward");
     return w;
   });
 }
 
+/// Tiles of the 3xTF32 backward on a device that gives a block smem_max bytes (the dQ kernel's warps depend on
+/// it).
 inline BackwardTileConfig tf32_backward_tiles(int head_dim, std::size_t smem_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) {
-    using S = Tf32BackwardShape<decltype(dc)::value>;
-    return backward_tiles_of<S>(smem_max, 32 * S::warps, 32 * S::warps);
+    constexpr int D = decltype(dc)::value;
+    if (tf32_dq_warps<D>(smem_max) == 8) {
+      using S = Tf32BackwardShape<D, 8>;
+      return backward_tiles_of<S>(smem_max, 32 * S::warps, 32 * S::dq_warps);
+    }
+    using S = Tf32BackwardShape<D, 4>;
+    return backward_tiles_of<S>(smem_max, 32 * S::warps, 32 * S::dq_warps);
   });
 }
 

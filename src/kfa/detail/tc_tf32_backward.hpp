@@ -50,24 +50,39 @@ namespace detail {
 #ifndef KFA_TF32_DQ_D96_BLOCK_K
 #define KFA_TF32_DQ_D96_BLOCK_K 16
 #endif
-template <int D>
+/// DqWarps: the dQ kernel's warps, 8 (128-row blocks) where the device gives it their shared memory, else 4
+/// (64 rows: d = 128 on sm_80 needs 135 KB instead of 198 KB); see tf32_dq_warps.
+template <int D, int DqWarps = 8>
 struct Tf32BackwardShape {
-  static constexpr int warps = 8;      // both kernels: 16 rows per warp (keys in dK/dV, queries in dQ)
+  static constexpr int warps = 8;      // dK/dV; both kernels: 16 rows per warp (keys in dK/dV, queries in dQ)
+  static constexpr int dq_warps = DqWarps;
   static constexpr int pitch = D + 4;  // floats per shared row
   static constexpr int dkdv_block_k = 16 * warps / 2;       // owned keys: two warps per 16 (dV, dK)
   static constexpr int dkdv_block_q = D <= 64 ? KFA_TF32_BWD_D64_BLOCK_Q : KFA_TF32_BWD_BLOCK_Q;  // query rows per step
-  static constexpr int dq_block_q = 16 * warps;              // owned query rows
+  static constexpr int dq_block_q = 16 * dq_warps;           // owned query rows
   static constexpr int dq_block_k = D == 96 ? KFA_TF32_DQ_D96_BLOCK_K : KFA_TF32_DQ_BLOCK_K;  // streamed keys per tile
   static_assert(D % 32 == 0 && dkdv_block_q % 16 == 0 && dq_block_k % 16 == 0,
                 "32 head dims per partial sum; n-tiles in pairs");
   /// dK/dV: K and V, two stages of Q and dO, and a buffer of BK × BQ (Pᵀ·softcap' from one warp of a pair to
   /// the other); dQ: Q and dO, then two stages of K and V; all fp32 (d = 64: 118 and 102 KB, 96: 108 and
-  /// 125 KB, 128: 140 and 198 KB).
+  /// 125 KB, 128: 140 and 198 KB; dQ with 4 warps: 68, 78 and 132 KB).
   static constexpr std::size_t dkdv_scratch =
       static_cast<std::size_t>(2 * dkdv_block_k + 4 * dkdv_block_q) * pitch * 4 +
       static_cast<std::size_t>(dkdv_block_k) * dkdv_block_q * 4;
   static constexpr std::size_t dq_scratch = static_cast<std::size_t>(2 * dq_block_q + 4 * dq_block_k) * pitch * 4;
 };
+
+/// The dQ kernel's warps on a device that gives a block smem_max bytes (Tf32BackwardShape).
+template <int D>
+int tf32_dq_warps(std::size_t smem_max) {
+  return Tf32BackwardShape<D, 8>::dq_scratch <= smem_max ? 8 : 4;
+}
+/// The shared memory per block the 3xTF32 backward of head dim D needs at least.
+template <int D>
+constexpr std::size_t tf32_backward_min_smem() {
+  return Tf32BackwardShape<D>::dkdv_scratch > Tf32BackwardShape<D, 4>::dq_scratch ? Tf32BackwardShape<D>::dkdv_scratch
+                                                                                  : Tf32BackwardShape<D, 4>::dq_scratch;
+}
 
 /// Both kernels' arguments: the dQ kernel's (Fa2DqArgs<float>; its 16-bit pointers carry the float data) and
 /// the dK/dV outputs.
@@ -252,12 +267,11 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
 #endif
 }
 
-template <int D, bool Softcap>
-__global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
-    tc_tf32_dq_kernel(const __grid_constant__ Tf32BackwardArgs a) {
+template <int D, bool Softcap, int DqWarps>
+__global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __grid_constant__ Tf32BackwardArgs a) {
 #if KFA_TC_DEVICE
-  using Shape = Tf32BackwardShape<D>;
-  constexpr int BQ = Shape::dq_block_q, BC = Shape::dq_block_k, P = Shape::pitch, NT = 32 * Shape::warps;
+  using Shape = Tf32BackwardShape<D, DqWarps>;
+  constexpr int BQ = Shape::dq_block_q, BC = Shape::dq_block_k, P = Shape::pitch, NT = 32 * DqWarps;
   extern __shared__ __align__(16) unsigned char tf32_dq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
@@ -396,8 +410,9 @@ void tf32_backward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k,
                     std::is_same<typename DD::non_const_value_type, float>::value,
                 "the 3xTF32 backward takes float");
   using S = Tf32BackwardShape<D>;
+  const int dq_warps = tf32_dq_warps<D>(native_smem_max(space));
   Tf32BackwardArgs a;
-  const long q_league = a.set_qkv(q, k, v, S::dq_block_q, scale, mask);
+  const long q_league = a.set_qkv(q, k, v, 16 * dq_warps, scale, mask);
   a.d_o = reinterpret_cast<const std::uint16_t*>(d_o.data());
   a.lse = lse.data();
   a.dd = dd.data();
@@ -414,9 +429,14 @@ void tf32_backward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k,
   if (k_league > 0 && parts != BackwardParts::dq)
     native_launch(space, "kfa::attention_backward::dkdv[tensor_core_tf32x3]", &tc_tf32_dkdv_kernel<D, Softcap>,
                   k_league, dim3(32 * S::warps), S::dkdv_scratch, 1, a);
-  if (q_league > 0 && parts != BackwardParts::dkdv)
-    native_launch(space, "kfa::attention_backward::dq[tensor_core_tf32x3]", &tc_tf32_dq_kernel<D, Softcap>, q_league,
-                  dim3(32 * S::warps), S::dq_scratch, 1, a);
+  if (q_league > 0 && parts != BackwardParts::dkdv) {
+    if (dq_warps == 8)
+      native_launch(space, "kfa::attention_backward::dq[tensor_core_tf32x3]", &tc_tf32_dq_kernel<D, Softcap, 8>,
+                    q_league, dim3(32 * 8), Tf32BackwardShape<D, 8>::dq_scratch, 1, a);
+    else
+      native_launch(space, "kfa::attention_backward::dq[tensor_core_tf32x3]", &tc_tf32_dq_kernel<D, Softcap, 4>,
+                    q_league, dim3(32 * 4), Tf32BackwardShape<D, 4>::dq_scratch, 1, a);
+  }
 }
 
 template <class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
