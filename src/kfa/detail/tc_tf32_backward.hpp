@@ -65,7 +65,7 @@ struct Tf32BackwardShape {
                 "32 head dims per partial sum; n-tiles in pairs");
   /// dK/dV: K and V, two stages of Q and dO, and a buffer of BK × BQ (Pᵀ·softcap' from one warp of a pair to
   /// the other); dQ: Q and dO, then two stages of K and V; all fp32 (d = 64: 118 and 102 KB, 96: 108 and
-  /// 125 KB, 128: 140 and 198 KB; dQ with 4 warps: 68, 78 and 132 KB).
+  /// 125 KB, 128: 140 and 198 KB; dQ with 4 warps: 68, 75 and 132 KB).
   static constexpr std::size_t dkdv_scratch =
       static_cast<std::size_t>(2 * dkdv_block_k + 4 * dkdv_block_q) * pitch * 4 +
       static_cast<std::size_t>(dkdv_block_k) * dkdv_block_q * 4;
