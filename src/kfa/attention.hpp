@@ -121,7 +121,7 @@ struct ForwardPlan {
 
 namespace detail {
 /// The one place the forward's family is chosen: each family says why it cannot run these inputs ("" when
-/// it can); opts.path picks among those that can, in the order fa2, team, tf32x3, simt, portable.
+/// it can); opts.path picks among those that can, in the order wgmma, fa2, team, tf32x3, simt, portable.
 template <class ExecSpace, class QV, class KV, class VV, class OV>
 ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                          const AttentionOptions& opts) {
@@ -135,6 +135,8 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
   std::string fa2_why = tc_space_problem<ExecSpace, T>(space, d, true);  // the FA2-layout kernels also have d = 256
   if (fa2_why.empty()) fa2_why = views_why;
   if (fa2_why.empty()) fa2_why = fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts);
+  std::string wgmma_why = tc_why;  // asked only where a tensor-core forward can run (it may probe the device)
+  if (wgmma_why.empty()) wgmma_why = wgmma_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts);
   const std::string team_why =
       tc_why.empty() ? tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward") : tc_why;
   const std::string tf32_why = tf32_forward_why_not(space, q, k, v, o, opts);
@@ -150,14 +152,17 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
     case P::tensor_core_team: family = need(P::tensor_core_team, team_why); break;
     case P::simt_fp32: family = need(P::simt_fp32, simt_why); break;
     case P::tensor_core_tf32x3: family = need(P::tensor_core_tf32x3, tf32_why); break;
-    case P::tensor_core:  // neither family can run: both reasons (at d = 256 the team one is only the head dim)
-      family = fa2_why.empty()    ? P::tensor_core_fa2
+    case P::tensor_core_wgmma: family = need(P::tensor_core_wgmma, wgmma_why); break;
+    case P::tensor_core:  // no family can run: each one's reason (at d = 256 the team one is only the head dim)
+      family = wgmma_why.empty()  ? P::tensor_core_wgmma
+               : fa2_why.empty()  ? P::tensor_core_fa2
                : team_why.empty() ? P::tensor_core_team
                                   : need(P::tensor_core, "the FA2-layout forward cannot run (" + fa2_why +
                                                              ") nor the team forward (" + team_why + ")");
       break;
     case P::automatic:
-      family = fa2_why.empty()    ? P::tensor_core_fa2
+      family = wgmma_why.empty()  ? P::tensor_core_wgmma
+               : fa2_why.empty()  ? P::tensor_core_fa2
                : team_why.empty() ? P::tensor_core_team
                : tf32_why.empty() ? P::tensor_core_tf32x3
                : simt_why.empty() ? P::simt_fp32
@@ -171,6 +176,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
       tiles = fa2_forward_tiles(d, native_smem_max(space));
       break;
     case P::tensor_core_team: tiles = tc_forward_tiles(d, l0_max); break;
+    case P::tensor_core_wgmma: tiles = wgmma_forward_tiles(d, native_smem_max(space)); break;
     case P::tensor_core_tf32x3: tiles = tf32_forward_tiles(d, native_smem_max(space)); break;
     case P::simt_fp32: tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max); break;
     default: {
@@ -208,6 +214,12 @@ void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV&
       return;
     case P::tensor_core_team:
       if constexpr (has_tensor_core_path<ExecSpace, T>::value) tc_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
+      return;
+    case P::tensor_core_wgmma:
+#if KFA_HAS_TENSOR_CORES
+      if constexpr (has_tensor_core_path<ExecSpace, T>::value)
+        wgmma_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
+#endif
       return;
     case P::tensor_core_tf32x3:
 #if KFA_HAS_TENSOR_CORES
@@ -303,8 +315,8 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
 
 /// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
 /// serves every 16-bit tensor-core forward family), else tensor_core_tf32x3 (float on CUDA sm_80+), else
-/// simt_fp32 (float on CUDA), else portable; opts.path names one of them (tensor_core_team and
-/// tensor_core_fa2 name the tensor-core backward).
+/// simt_fp32 (float on CUDA), else portable; opts.path names one of them (tensor_core_team,
+/// tensor_core_fa2 and tensor_core_wgmma name the tensor-core backward).
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
 BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
                            const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
@@ -335,7 +347,8 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
     case P::tensor_core_tf32x3: need(tf32_why), family = P::tensor_core_tf32x3; break;
     case P::tensor_core:
     case P::tensor_core_team:
-    case P::tensor_core_fa2: need(why_not), family = P::tensor_core; break;
+    case P::tensor_core_fa2:
+    case P::tensor_core_wgmma: need(why_not), family = P::tensor_core; break;
     case P::automatic:
       family = why_not.empty()    ? P::tensor_core
                : tf32_why.empty() ? P::tensor_core_tf32x3

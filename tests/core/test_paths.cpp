@@ -52,11 +52,26 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const kfa::AttentionOptions opts = to_kfa(ro);
   const Run<T> tc = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
   const Run<T> pt = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
-  // The Kokkos team forward, which tensor_core passes over where the FA2-layout kernel can run (head dims
-  // up to 128: at 256 the FA2-layout kernels are the only tensor-core ones).
-  const bool has_team = s.head_dim <= 128;
-  const Run<T> team = run_path(s, q, k, v, d_o, opts, has_team ? kfa::TileProductPath::tensor_core_team
-                                                                : kfa::TileProductPath::tensor_core);
+  // Every tensor-core forward family that can run here by name (tensor_core runs only the first of them):
+  // wgmma (sm_90a), FA2's layout, the Kokkos team kernel (head dims up to 128).
+  std::vector<std::pair<kfa::TileProductPath, Run<T>>> forwards;
+  for (kfa::TileProductPath p : {kfa::TileProductPath::tensor_core_wgmma, kfa::TileProductPath::tensor_core_fa2,
+                                 kfa::TileProductPath::tensor_core_team}) {
+    kfa::AttentionOptions named = opts;
+    named.path = p;
+    try {
+      (void)kfa::plan_forward(Exec(), q, k, v, q, named);
+    } catch (const kfa::Error&) {
+      continue;
+    }
+    Run<T> r{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim), {}, {}, {},
+             Lse<T>("lse", s.batch, s.heads_q, s.seq_q)};
+    poison(r.o), poison(r.lse);
+    kfa::attention_forward(Exec(), q, k, v, r.o, r.lse, named);
+    Exec().fence();
+    forwards.emplace_back(p, r);
+  }
+  EXPECT_FALSE(forwards.empty()) << "no tensor-core forward family ran";
   // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false).
   kfa::AttentionOptions nondet = opts;
   nondet.deterministic = false;
@@ -76,9 +91,12 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     EXPECT_TRUE(close_frobenius(to_doubles4(r->dk), dkr, tol)) << name << " dk";
     EXPECT_TRUE(close_frobenius(to_doubles4(r->dv), dvr, tol)) << name << " dv";
   }
-  EXPECT_TRUE(close_frobenius(to_doubles4(team.o), oref, tol)) << "tensor_core_team o";  // d = 256: tensor_core again
-  EXPECT_TRUE(close_lse(to_doubles3(team.lse), lref, tolerance<float>() * 10)) << "tensor_core_team lse";
-  EXPECT_TRUE(close_frobenius(to_doubles4(team.o), to_doubles4(pt.o), tol)) << "o: tensor_core_team vs portable";
+  for (const auto& [p, r] : forwards) {
+    const std::string name = kfa::to_string(p);
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.o), oref, tol)) << name << " o";
+    EXPECT_TRUE(close_lse(to_doubles3(r.lse), lref, tolerance<float>() * 10)) << name << " lse";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.o), to_doubles4(pt.o), tol)) << "o: " << name << " vs portable";
+  }
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.o), to_doubles4(pt.o), tol)) << "o: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dq), to_doubles4(pt.dq), tol)) << "dq: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core vs portable";
@@ -321,6 +339,7 @@ TEST(Paths, NamesOfPaths) {
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_fa2), "tensor_core_fa2");
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::simt_fp32), "simt_fp32");
   EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_tf32x3), "tensor_core_tf32x3");
+  EXPECT_EQ(kfa::to_string(kfa::TileProductPath::tensor_core_wgmma), "tensor_core_wgmma");
 }
 
 // plan_forward / plan_backward: the family a call runs, named in its region; a named family that cannot run
@@ -341,8 +360,29 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   EXPECT_NE(f.family, P::tensor_core);
   const bool f32cuda = f.family == P::simt_fp32 || f.family == P::tensor_core_tf32x3;  // float on CUDA
   if (kfa::has_tensor_core_path<Exec, T>::value) {
-    // FA2's layout where the device gives it its shared memory (every sm_80+ GPU but sm_86/89), else the team kernel
-    EXPECT_TRUE(f.family == P::tensor_core_fa2 || f.family == P::tensor_core_team) << f.region;
+    // wgmma where it runs (sm_90a code on a compute capability 9.0 device), else FA2's layout where the device
+    // gives it its shared memory (every sm_80+ GPU but sm_86/89), else the team kernel
+    const std::string wgmma_why = kfa::detail::wgmma_forward_why_not(Exec(), d, 300, opts);
+    if (wgmma_why.empty()) {
+      EXPECT_EQ(f.family, P::tensor_core_wgmma) << f.region;
+      EXPECT_EQ(f.tiles.block_q, 128) << f.region;
+      EXPECT_EQ(f.tiles.team_size, 256) << f.region;
+      kfa::AttentionOptions fa2_tiles;  // FA2's 64-key tiles, which the wgmma forward cannot honour
+      fa2_tiles.block_k = 64;
+      EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, fa2_tiles).family, P::tensor_core_fa2);
+    } else {
+      std::printf("[ note ] tensor_core_wgmma cannot run here: %s\n", wgmma_why.c_str());
+      EXPECT_TRUE(f.family == P::tensor_core_fa2 || f.family == P::tensor_core_team) << f.region;
+      opts.path = P::tensor_core_wgmma;
+      try {
+        (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
+        ADD_FAILURE() << "tensor_core_wgmma planned where it cannot run: " << wgmma_why;
+      } catch (const kfa::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("opts.path = tensor_core_wgmma but " + wgmma_why), std::string::npos)
+            << e.what();
+      }
+      opts.path = P::automatic;
+    }
     EXPECT_EQ(b.family, P::tensor_core);
     opts.path = P::tensor_core_team;
     EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::tensor_core_team);
@@ -360,7 +400,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(f.family, kfa::detail::tf32_forward_why_not(Exec(), q, k, v, o, opts).empty() ? P::tensor_core_tf32x3
                                                                                               : P::simt_fp32)
           << kfa::detail::tf32_forward_why_not(Exec(), q, k, v, o, opts);
-    for (P p : {P::tensor_core, P::tensor_core_team, P::tensor_core_fa2}) {
+    for (P p : {P::tensor_core, P::tensor_core_team, P::tensor_core_fa2, P::tensor_core_wgmma}) {
       opts.path = p;
       try {
         (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
@@ -453,9 +493,9 @@ TYPED_TEST(Paths, NondeterministicOptionLeavesPortableBitwiseEqual) {
   fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
   kfa::AttentionOptions opts;
   opts.causal = true;
-  const Run<T> a = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
+  const ::Run<T> a = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
   opts.deterministic = false;
-  const Run<T> b = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
+  const ::Run<T> b = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::portable);
   EXPECT_EQ(to_doubles4(a.dq), to_doubles4(b.dq));
   EXPECT_EQ(to_doubles4(a.dk), to_doubles4(b.dk));
   EXPECT_EQ(to_doubles4(a.dv), to_doubles4(b.dv));

@@ -13,6 +13,7 @@
 #include <kfa/detail/tc_forward.hpp>
 #include <kfa/detail/tc_tf32_backward.hpp>
 #include <kfa/detail/tc_tf32_forward.hpp>
+#include <kfa/detail/tc_wgmma_forward.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
 #include <kfa/tiling.hpp>
@@ -177,6 +178,35 @@ std::string fa2_forward_why_not(const ExecSpace& space, int d, long seq_k, const
     using S = Fa2ForwardShape<decltype(dc)::value>;
     return tc_block_problem(opts, S::block_q, S::block_k, "forward");
   });
+}
+
+/// Why the wgmma forward cannot run these inputs ("" when it can); the device probe (wgmma_loaded) last.
+template <class ExecSpace>
+std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, const AttentionOptions& opts) {
+  if (seq_k > 2147483647L - 256)
+    return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
+  if (wgmma_head_dim_supported(d)) {
+    const std::string why = d == 64 ? tc_block_problem(opts, WgmmaForwardShape<64>::block_q,
+                                                       WgmmaForwardShape<64>::block_k, "forward")
+                                    : tc_block_problem(opts, WgmmaForwardShape<128>::block_q,
+                                                       WgmmaForwardShape<128>::block_k, "forward");
+    if (!why.empty()) return why;
+  }
+  return wgmma_forward_problem(space, d);
+}
+
+template <int D>
+TileConfig wgmma_forward_tiles(std::size_t smem_max) {
+  TileConfig t;
+  t.block_q = WgmmaForwardShape<D>::block_q;
+  t.block_k = WgmmaForwardShape<D>::block_k;
+  t.team_size = 32 * WgmmaForwardShape<D>::warps;
+  t.scratch_l0 = WgmmaForwardShape<D>::smem;
+  t.scratch_l0_max = smem_max;
+  return t;
+}
+inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
+  return d == 64 ? wgmma_forward_tiles<64>(smem_max) : wgmma_forward_tiles<128>(smem_max);
 }
 
 template <int D>

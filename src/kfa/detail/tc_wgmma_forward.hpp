@@ -1,0 +1,476 @@
+#pragma once
+/// The tensor-core forward on Hopper's warpgroup MMA (wgmma, sm_90a): the FA2-layout forward
+/// (tc_fa2_forward.hpp) with both products issued by a warpgroup of four warps as one asynchronous
+/// 64 × N × 16 instruction reading its operands straight from shared memory, instead of each warp's
+/// m16n8k16 mma.sync fed by ldmatrix.
+///
+/// Per block: two warpgroups (8 warps, 256 threads), BQ = 128 query rows, 64 per warpgroup and 16 per warp.
+/// - S = Q·Kᵀ: wgmma m64nBCk16, A = the warpgroup's 64 Q rows and B = the K tile, both from shared memory.
+/// - O += P·V: wgmma m64nDk16, A = P from registers (the accumulator of S converted to 16 bits in place: the
+///   fragment layouts agree, as with mma.sync), B = the V tile from shared memory, read transposed
+///   (V's rows are keys, the instruction's K dimension, with the head dim contiguous: "MN-major").
+/// - Shared tiles have no padding: rows of 64-element (128-byte) panels under the 128-byte swizzle that the
+///   instruction's descriptors name (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), so a
+///   d = 128 row is two panels. Q is loaded once; K and V tiles of BC keys are double-buffered with cp.async.
+/// - The scores' softcap, mask and online softmax (lazy rescaling, base 2) are those of the FA2-layout
+///   kernel, per warp on its 16 rows; the accumulators have the m16n8 C layout per warp.
+///
+/// Needs the translation unit compiled for sm_90a too (`-gencode=arch=compute_90a,code=sm_90a`, which kfa's
+/// own build adds with KFA_ENABLE_SM90A); every other image has a trapping body. A binary may carry both an
+/// sm_90 and an sm_90a image and the CUDA runtime picks one per device, so the plan asks the device once
+/// which one it loaded (wgmma_loaded) and runs the FA2-layout kernel where it is not the sm_90a one.
+#include <kfa/detail/tc_fa2_forward.hpp>  // Fa2ForwardArgs, native_forward_launch
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+/// Keys per K/V tile (64 or 128: wgmma's n of S = Q·Kᵀ). Build-time knobs for tuning experiments.
+#ifndef KFA_WGMMA_D64_BLOCK_K
+#define KFA_WGMMA_D64_BLOCK_K 128
+#endif
+#ifndef KFA_WGMMA_D128_BLOCK_K
+#define KFA_WGMMA_D128_BLOCK_K 128
+#endif
+
+/// 1: O += P·V of tile j is left running while the next tile's loads land and its S = Q·Kᵀ is issued (its
+/// wait is the one of that S), and tile j + 1's loads are issued once both warpgroups are past tile j - 1;
+/// 0: every product is waited for where it is issued. Build-time knob for tuning experiments.
+#ifndef KFA_WGMMA_PV_OVERLAP
+#define KFA_WGMMA_PV_OVERLAP 0
+#endif
+
+namespace kfa {
+namespace detail {
+
+/// Head dims of the wgmma forward: whole 64-element panels, and wgmma's n of O += P·V in {64, 128}.
+inline bool wgmma_head_dim_supported(int d) { return d == 64 || d == 128; }
+
+template <int D>
+struct WgmmaForwardShape {
+  static constexpr int warps = 8;  // two warpgroups
+  static constexpr int min_blocks = 1;
+  static constexpr int block_q = 128;  // 64 rows per warpgroup
+  static constexpr int block_k = D <= 64 ? KFA_WGMMA_D64_BLOCK_K : KFA_WGMMA_D128_BLOCK_K;
+  static_assert(D % 64 == 0 && (block_k == 64 || block_k == 128), "64-element panels; n of 64 or 128");
+  /// Q, two stages of K and V (16-bit, unpadded), and 1 KB to align the tiles to the swizzle's 1024-byte
+  /// period (d = 64: 81 KB, d = 128: 161 KB).
+  static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * D * 2 + 1024;
+};
+
+#if KFA_HAS_TENSOR_CORES
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KFA_WGMMA_DEVICE 1
+namespace tc {
+// Operand lists of the wgmma wrappers: the accumulator d[n/8][4] (the m16n8 C layout per warp) as
+// n/2 "+f" registers.
+#define KFA_WG_REGS_64 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
+#define KFA_WG_REGS_128 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
+#define KFA_WG_OPS_64 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+  "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+  "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+  "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define KFA_WG_OPS_128_HI \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), \
+  "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), \
+  "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), \
+  "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), \
+  "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+// D = A·B (+ D where the scale_d operand is non-zero); A and B from shared memory (descriptors).
+#define KFA_WG_SS(N, TY, REGS, A, B, S)                                                               \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY \
+  " " REGS ", %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"
+// D += A·B with A from registers (a0..a3) and B from shared memory read transposed (MN-major).
+#define KFA_WG_RS(N, TY, REGS, A0, A1, A2, A3, B, S)                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY \
+  " " REGS ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/// Orders this thread's generic-proxy writes to shared memory (cp.async, st.shared) before the async
+/// proxy's reads (wgmma's operands); then a barrier makes every thread's writes visible.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/// Pins an accumulator's registers after wgmma_wait_all: without it the compiler, which sees the wgmma
+/// asm produce them at issue, could move their readers above the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_hold(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+/// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
+/// K-major operands (rows of a panel along the instruction's K): the stride offset is the 1024 B between
+/// groups of 8 rows and the leading one is unused. MN-major (V): leading = between 64-element panels of
+/// the N dimension, stride = between groups of 8 rows (keys).
+__device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t addr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>(lbo >> 4) << 16) |
+         (static_cast<std::uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/// d (64 × N per warpgroup) = A·B, or += where scale_d ≠ 0.
+template <int N, class T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, int scale_d) {
+  constexpr bool bf = std::is_same<T, compat::bhalf_t>::value;
+  if constexpr (N == 64) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_SS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34")
+                   : KFA_WG_OPS_64 : "l"(a), "l"(b), "r"(scale_d));
+    else
+      asm volatile(KFA_WG_SS("64", "f16", KFA_WG_REGS_64, "32", "33", "34")
+                   : KFA_WG_OPS_64 : "l"(a), "l"(b), "r"(scale_d));
+  } else {
+    static_assert(N == 128, "n = 64 or 128");
+    if constexpr (bf)
+      asm volatile(KFA_WG_SS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI : "l"(a), "l"(b), "r"(scale_d));
+    else
+      asm volatile(KFA_WG_SS("128", "f16", KFA_WG_REGS_128, "64", "65", "66")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI : "l"(a), "l"(b), "r"(scale_d));
+  }
+}
+
+/// d (64 × N per warpgroup) += A·B, A = this warp's 16 × 16 fragment (the mma.sync A layout), B transposed.
+template <int N, class T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+  constexpr bool bf = std::is_same<T, compat::bhalf_t>::value;
+  const int one = 1;
+  if constexpr (N == 64) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_RS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
+                   : KFA_WG_OPS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+    else
+      asm volatile(KFA_WG_RS("64", "f16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
+                   : KFA_WG_OPS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+  } else {
+    static_assert(N == 128, "n = 64 or 128");
+    if constexpr (bf)
+      asm volatile(KFA_WG_RS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66", "67", "68", "69")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+    else
+      asm volatile(KFA_WG_RS("128", "f16", KFA_WG_REGS_128, "64", "65", "66", "67", "68", "69")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+  }
+}
+#undef KFA_WG_REGS_64
+#undef KFA_WG_REGS_128
+#undef KFA_WG_OPS_64
+#undef KFA_WG_OPS_128_HI
+#undef KFA_WG_SS
+#undef KFA_WG_RS
+
+/// Copies ROWS × D 16-bit elements (row r at src + r·stride) into 64-element panels of ROWS × 128 B under
+/// the 128-byte swizzle: chunk x of row r goes to panel x / 8, chunk (x mod 8) ^ (r mod 8); rows ≥ valid
+/// are zeroed. NT threads, each keeping one chunk column: rows per pass (NT / (D/8)) are a multiple of 8,
+/// so a thread's swizzled chunk is the same in every pass.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, const std::uint16_t* src, long stride, int valid,
+                                                int tid) {
+  constexpr int chunks = D / 8;
+  constexpr int dr = NT / chunks;
+  static_assert(NT % chunks == 0 && dr % 8 == 0 && ROWS % dr == 0, "whole passes of whole swizzle periods");
+  const int r0 = tid / chunks, x = tid % chunks;
+  const std::uint16_t* p = src + static_cast<long>(r0) * stride + x * 8;
+  const std::uint32_t d =
+      dst + static_cast<std::uint32_t>((x >> 3) * ROWS * 128 + r0 * 128 + (((x & 7) ^ (r0 & 7)) << 4));
+#pragma unroll
+  for (int it = 0; it < ROWS / dr; ++it) {
+    const int r = r0 + it * dr;
+    const bool ok = r < valid;
+    cp_async16(d + static_cast<std::uint32_t>(it * dr * 128), ok ? p : src, ok);
+    p += dr * stride;
+  }
+}
+}  // namespace tc
+#else
+#define KFA_WGMMA_DEVICE 0
+#endif
+
+/// Writes 1 where the image of this translation unit's kernels that the device loaded is the sm_90a one
+/// (the wgmma kernels are real there), else 0.
+template <int Unused = 0>
+__global__ void wgmma_probe_kernel(int* out) {
+  *out = KFA_WGMMA_DEVICE;
+}
+
+template <int D, bool Softcap, class T, class OutT>
+__global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForwardShape<D>::min_blocks)
+    tc_wgmma_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
+#if KFA_WGMMA_DEVICE
+  using Shape = WgmmaForwardShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, NT = 32 * Shape::warps;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  const float ninf = -compat::infinity<float>();
+  const KeyMask& mask = a.mask;
+
+  // Tiles start at a multiple of 1024 B: the swizzle is a function of the address bits.
+  const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
+  const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
+  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+
+  const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+  const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+  const long kstride = a.k_s[1], vstride = a.v_s[1];
+  using Pos = typename std::conditional<Softcap, long, int>::type;
+  const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
+  const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
+  auto load_kv = [&](Pos j0, int stage) {
+    const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+    const std::uint32_t kd = ks0 + stage * stage_bytes;
+    tc::load_tile_sw128<D, BC, NT>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
+    tc::load_tile_sw128<D, BC, NT>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
+  };
+  tc::load_tile_sw128<D, BQ, NT>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
+                                 rows, tid);
+  if (j_begin < j_end) load_kv(j_begin, 0);
+  tc::cp_async_commit();
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
+  const float c = a.scale * tc::log2e;
+  constexpr bool kLazyRescale = KFA_FA2_LAZY_RESCALE != 0 && !Softcap;
+  constexpr float kStale = 8.f * 0.6931471805599453f;
+  const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
+
+  // Descriptor addresses: Q rows of this warpgroup; K-major steps of 16 elements advance 32 B inside a
+  // 128-byte panel row (the hardware applies the swizzle to the computed addresses), every 4 steps a panel.
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
+  float s[BC / 8][4];
+#pragma unroll
+  for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+
+  int stage = 0;
+  for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+#if KFA_WGMMA_PV_OVERLAP
+    tc::cp_async_wait_all();  // tile j, issued during the previous tile (or with Q)
+#else
+    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+    tc::cp_async_commit();
+    tc::cp_async_wait_1();
+#endif
+    tc::fence_proxy_async();
+    __syncthreads();
+    const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
+
+    tc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
+    }
+    tc::wgmma_commit();
+    tc::wgmma_wait_all();  // S, and with KFA_WGMMA_PV_OVERLAP the previous tile's O += P·V
+    tc::wgmma_hold(s);
+#if KFA_WGMMA_PV_OVERLAP
+    tc::wgmma_hold(acc);
+    __syncthreads();  // both warpgroups are done with the previous tile's stage: refill it with tile j + 1
+    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+    tc::cp_async_commit();
+#endif
+
+    if (Softcap) {
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = cap_out * tanhf(s[n][e] * cap_in);
+    }
+    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        long first, last;
+        mask.visible_range(wr0 + g + r * 8, first, last);
+        const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+        const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int jj = n * 8 + 2 * t4 + e;
+            if (jj < lo || jj > hi) s[n][2 * r + e] = ninf;
+          }
+      }
+    }
+    std::uint32_t pa[BC / 16][4];
+    {
+      float tmax[2] = {ninf, ninf};
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+      float tm[2];
+      bool grow = false;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float t = tc::quad_max(tmax[r]);
+        tm[r] = t == ninf ? ninf : t * a.scale;
+        grow |= tm[r] > m[r] + kStale;
+      }
+      if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const MergeFactors<float> f = merge_factors(m[r], tm[r]);
+          m[r] = f.m;
+          l[r] *= f.scale_a;
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            acc[n][2 * r] *= f.scale_a;
+            acc[n][2 * r + 1] *= f.scale_a;
+          }
+        }
+      }
+      float mc[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        const float p0 = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
+        const float p1 = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
+        const float p2 = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
+        const float p3 = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
+        pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
+      }
+    }
+
+    tc::wgmma_fence();  // acc was rescaled and pa written by ordinary instructions
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+    tc::wgmma_commit();
+#if !KFA_WGMMA_PV_OVERLAP
+    tc::wgmma_wait_all();
+    tc::wgmma_hold(acc);
+    __syncthreads();  // both warpgroups are done with this stage before the next iteration refills it
+#endif
+  }
+  tc::wgmma_wait_all();
+  tc::wgmma_hold(acc);
+  tc::cp_async_wait_all();
+
+  OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
+  float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
+  float lsum[2], inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lsum[r] = tc::quad_sum(l[r]);
+    inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+  }
+  const int r0 = wr0 + g, r1 = r0 + 8;
+  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
+                         r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
+  if (t4 == 0) {
+    if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
+    if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
+  }
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+}
+
+/// Whether the device of `space` runs this build's sm_90a image of kfa's kernels: a build for sm_90 and
+/// sm_90a carries both images and the CUDA runtime picks one per device, so this launches a probe once
+/// per device (synchronizing `space` that once) and remembers the answer.
+inline bool wgmma_loaded(const Kokkos::Cuda& space) {
+  static std::mutex mu;
+  static signed char known[256] = {};  // per device: 0 not asked yet, 1 sm_90a, -1 not
+  const int dev = space.cuda_device();
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 0 || dev >= 256) return false;
+  if (known[dev] == 0) {
+    Kokkos::View<int, Kokkos::CudaSpace> flag(Kokkos::view_alloc(space, "kfa::wgmma_probe"));
+    wgmma_probe_kernel<><<<1, 1, 0, space.cuda_stream()>>>(flag.data());
+    int got = 0;
+    if (cudaGetLastError() == cudaSuccess) {
+      const auto host = Kokkos::create_mirror_view(flag);
+      Kokkos::deep_copy(space, host, flag);
+      space.fence("kfa::wgmma_probe");
+      got = host();
+    }
+    known[dev] = got == 1 ? 1 : -1;
+  }
+  return known[dev] == 1;
+}
+#endif  // KFA_HAS_TENSOR_CORES
+
+/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): Kokkos::Cuda on a
+/// compute capability 9.0 device, head dim 64 or 128, the shared memory, and the device running sm_90a code.
+template <class ExecSpace>
+std::string wgmma_forward_problem(const ExecSpace& space, int d) {
+#if KFA_HAS_TENSOR_CORES
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (!wgmma_head_dim_supported(d))
+      return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
+    const cudaDeviceProp& prop = space.cuda_device_prop();
+    if (prop.major != 9 || prop.minor != 0)
+      return "wgmma needs a compute capability 9.0 device (sm_90a code), this one is " + std::to_string(prop.major) +
+             "." + std::to_string(prop.minor);
+    const std::size_t smem = d == 64 ? WgmmaForwardShape<64>::smem : WgmmaForwardShape<128>::smem;
+    std::string why = native_smem_problem(space, smem, "the wgmma forward");
+    if (why.empty() && !wgmma_loaded(space))
+      why = "the device runs no sm_90a image of kfa's kernels (compile with -gencode=arch=compute_90a,code=sm_90a "
+            "too; kfa's own build: KFA_ENABLE_SM90A)";
+    return why;
+  }
+#endif
+  (void)space, (void)d;
+  return "it is a Kokkos::Cuda kernel for sm_80+";
+}
+
+#if KFA_HAS_TENSOR_CORES
+template <int D, bool Softcap, class QV, class KV, class VV, class OV, class LV>
+void wgmma_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                            const LV& lse, float scale, float softcap, const KeyMask& mask) {
+  using T = typename QV::non_const_value_type;
+  using OutT = typename OV::non_const_value_type;
+  native_forward_launch<WgmmaForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
+                                                     &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, q, k, v, o, lse,
+                                                     scale, softcap, mask);
+}
+
+template <class QV, class KV, class VV, class OV, class LV>
+void wgmma_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o,
+                          const LV& lse, float scale, float softcap, const KeyMask& mask) {
+  auto launch = [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (softcap > 0.f)
+      wgmma_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
+    else
+      wgmma_forward_launch_d<D, false>(space, q, k, v, o, lse, scale, softcap, mask);
+  };
+  if (q.extent(3) == 64)
+    launch(std::integral_constant<int, 64>{});
+  else
+    launch(std::integral_constant<int, 128>{});
+}
+#endif
+
+}  // namespace detail
+}  // namespace kfa
