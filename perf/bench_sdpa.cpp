@@ -6,7 +6,7 @@
 // float64 done in Python.
 //
 //   kfa_bench_sdpa --out DIR [--dtypes bf16,fp16,fp32] [--d 64,128] [--n 512,...,16384] [--causal 0,1]
-//                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32|tensor_core_tf32x3]
+//                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32|tensor_core_tf32x3|tensor_core_wgmma]
 //                  [--no-backward] [--nondeterministic] [--seed S]
 //
 // Prints one line per case: dtype d N causal batch heads path fwd_ms fwd_TFLOPs fwdbwd_ms fwdbwd_TFLOPs.
@@ -22,7 +22,8 @@ namespace {
 const kfa::TileProductPath all_paths[] = {kfa::TileProductPath::automatic,        kfa::TileProductPath::portable,
                                            kfa::TileProductPath::tensor_core,      kfa::TileProductPath::tensor_core_team,
                                            kfa::TileProductPath::tensor_core_fa2, kfa::TileProductPath::simt_fp32,
-                                           kfa::TileProductPath::tensor_core_tf32x3};
+                                           kfa::TileProductPath::tensor_core_tf32x3,
+                                           kfa::TileProductPath::tensor_core_wgmma};
 
 // The counter hash shared with sdpa_compare.py: element i of tensor `seed` → uniform on [−√3, √3).
 KOKKOS_INLINE_FUNCTION float hash_value(std::uint64_t i, std::uint64_t seed) {
