@@ -195,29 +195,20 @@ std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, con
   return wgmma_forward_problem(space, d);
 }
 
-template <int D>
-TileConfig wgmma_forward_tiles(std::size_t smem_max) {
+/// Tiles of a natively launched forward kernel from its shape (block_q, block_k, warps, smem).
+template <class Shape>
+TileConfig native_forward_tiles(std::size_t smem_max) {
   TileConfig t;
-  t.block_q = WgmmaForwardShape<D>::block_q;
-  t.block_k = WgmmaForwardShape<D>::block_k;
-  t.team_size = 32 * WgmmaForwardShape<D>::warps;
-  t.scratch_l0 = WgmmaForwardShape<D>::smem;
+  t.block_q = Shape::block_q;
+  t.block_k = Shape::block_k;
+  t.team_size = 32 * Shape::warps;
+  t.scratch_l0 = Shape::smem;
   t.scratch_l0_max = smem_max;
   return t;
 }
 inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
-  return d == 64 ? wgmma_forward_tiles<64>(smem_max) : wgmma_forward_tiles<128>(smem_max);
-}
-
-template <int D>
-TileConfig fa2_forward_tiles(std::size_t smem_max) {
-  TileConfig t;
-  t.block_q = Fa2ForwardShape<D>::block_q;
-  t.block_k = Fa2ForwardShape<D>::block_k;
-  t.team_size = 32 * Fa2ForwardShape<D>::warps;
-  t.scratch_l0 = Fa2ForwardShape<D>::smem;
-  t.scratch_l0_max = smem_max;
-  return t;
+  return d == 64 ? native_forward_tiles<WgmmaForwardShape<64>>(smem_max)
+                 : native_forward_tiles<WgmmaForwardShape<128>>(smem_max);
 }
 
 /// Tiles of the tensor-core kernels for a head dim they support.
@@ -225,7 +216,9 @@ inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) { return tc_forward_tiles<decltype(dc)::value>(l0_max); });
 }
 inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
-  return fa2_head_dim_switch(head_dim, [&](auto dc) { return fa2_forward_tiles<decltype(dc)::value>(smem_max); });
+  return fa2_head_dim_switch(head_dim, [&](auto dc) {
+    return native_forward_tiles<Fa2ForwardShape<decltype(dc)::value>>(smem_max);
+  });
 }
 inline BackwardTileConfig tc_backward_tiles(int head_dim, std::size_t l0_max, bool fused, bool fa2, bool fa2_dq) {
   return fa2_head_dim_switch(head_dim, [&](auto dc) {
@@ -336,14 +329,7 @@ inline BackwardTileConfig tf32_backward_tiles(int head_dim, std::size_t smem_max
 
 inline TileConfig tf32_forward_tiles(int head_dim, std::size_t smem_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) {
-    using S = Tf32ForwardShape<decltype(dc)::value>;
-    TileConfig t;
-    t.block_q = S::block_q;
-    t.block_k = S::block_k;
-    t.team_size = 32 * S::warps;
-    t.scratch_l0 = S::smem;
-    t.scratch_l0_max = smem_max;
-    return t;
+    return native_forward_tiles<Tf32ForwardShape<decltype(dc)::value>>(smem_max);
   });
 }
 

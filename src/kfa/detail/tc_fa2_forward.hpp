@@ -110,6 +110,44 @@ struct Fa2ForwardArgs : Fa2QkvArgs {
   float softcap;
 };
 
+#if KFA_TC_DEVICE
+namespace tc {
+/// Softcap and mask of one 16-row C tile of raw scores s (keys j0 … j0 + BC − 1, `cols` of them real) for the
+/// kernels with one m16 tile per warp: row0 = this lane's row g (its row g + 8 follows), i0 and rows the
+/// block's query rows. Each step is one block of code that the common tile skips with one branch; masked
+/// scores become −inf. Keys past the last real one are seen by no row, so a row's visible range covers the
+/// tile's padding too.
+template <int BC, bool Softcap, class Pos>
+__device__ __forceinline__ void softcap_and_mask_rows(float (&s)[BC / 8][4], const KeyMask& mask, int i0, int rows,
+                                                      Pos j0, int cols, int row0, int t4, float cap_in,
+                                                      float cap_out) {
+  if (Softcap) {
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = cap_out * tanhf(s[n][e] * cap_in);
+  }
+  if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
+    const float ninf = -compat::infinity<float>();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      long first, last;
+      mask.visible_range(row0 + r * 8, first, last);
+      const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+      const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int jj = n * 8 + 2 * t4 + e;
+          if (jj < lo || jj > hi) s[n][2 * r + e] = ninf;
+        }
+    }
+  }
+}
+}  // namespace tc
+#endif
+
 #if KFA_HAS_TENSOR_CORES
 /// Softcap is a template parameter so that the common instance carries no tanh code: the loop body is
 /// large, and cold code interleaved with it was measured (ncu) to stall warps on instruction fetch.

@@ -266,28 +266,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
     // S = Q·Kᵀ, 32 head dims at a time into a zeroed C, added to S in registers (as O below).
     tc::scores_3xtf32<D, BC / 8, P>(s, q_lane, k_lane);
 
-    if (Softcap) {
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = cap_out * tanhf(s[n][e] * cap_in);
-    }
-    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        long first, last;
-        mask.visible_range(wr0 + g + r * 8, first, last);
-        const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
-        const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int jj = n * 8 + 2 * t4 + e;
-            if (jj < lo || jj > hi) s[n][2 * r + e] = ninf;
-          }
-      }
-    }
+    tc::softcap_and_mask_rows<BC, Softcap>(s, mask, i0, rows, j0, cols, wr0 + g, t4, cap_in, cap_out);
     // The online softmax, rescaling on every tile (tile maxima in natural units, as the combine rule takes them).
     float tmax[2] = {ninf, ninf};
 #pragma unroll

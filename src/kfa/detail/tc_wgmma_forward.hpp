@@ -27,9 +27,12 @@
 #include <string>
 #include <type_traits>
 
-/// Keys per K/V tile (64 or 128: wgmma's n of S = Q·Kᵀ). Build-time knobs for tuning experiments.
+/// Keys per K/V tile (64 or 128: wgmma's n of S = Q·Kᵀ) and resident blocks per SM the registers are bounded
+/// for. d = 64: 64 keys and two blocks per SM (125-128 registers, 49 KB each) ran 1.24-1.30x the forward of
+/// 128 keys and one block (H200, bf16, N 4096/16384, kfa vs kfa in one call; perf/RESULTS.md); d = 128 at two
+/// blocks (128 registers) spills 60-104 B with either tile. Build-time knobs for tuning experiments.
 #ifndef KFA_WGMMA_D64_BLOCK_K
-#define KFA_WGMMA_D64_BLOCK_K 128
+#define KFA_WGMMA_D64_BLOCK_K 64
 #endif
 #ifndef KFA_WGMMA_D128_BLOCK_K
 #define KFA_WGMMA_D128_BLOCK_K 128
@@ -50,18 +53,18 @@ namespace detail {
 inline bool wgmma_head_dim_supported(int d) { return d == 64 || d == 128; }
 
 #ifndef KFA_WGMMA_D64_MIN_BLOCKS
-#define KFA_WGMMA_D64_MIN_BLOCKS 1
+#define KFA_WGMMA_D64_MIN_BLOCKS 2
 #endif
 
 template <int D>
 struct WgmmaForwardShape {
   static constexpr int warps = 8;  // two warpgroups
-  static constexpr int min_blocks = D <= 64 ? KFA_WGMMA_D64_MIN_BLOCKS : 1;  // resident blocks per SM (registers)
+  static constexpr int min_blocks = D <= 64 ? KFA_WGMMA_D64_MIN_BLOCKS : 1;
   static constexpr int block_q = 128;  // 64 rows per warpgroup
   static constexpr int block_k = D <= 64 ? KFA_WGMMA_D64_BLOCK_K : KFA_WGMMA_D128_BLOCK_K;
   static_assert(D % 64 == 0 && (block_k == 64 || block_k == 128), "64-element panels; n of 64 or 128");
   /// Q, two stages of K and V (16-bit, unpadded), and 1 KB to align the tiles to the swizzle's 1024-byte
-  /// period (d = 64: 81 KB, d = 128: 161 KB).
+  /// period (d = 64: 49 KB, d = 128: 161 KB).
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * D * 2 + 1024;
 };
 
@@ -296,28 +299,7 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
     tc::cp_async_commit();
 #endif
 
-    if (Softcap) {
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = cap_out * tanhf(s[n][e] * cap_in);
-    }
-    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        long first, last;
-        mask.visible_range(wr0 + g + r * 8, first, last);
-        const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
-        const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int jj = n * 8 + 2 * t4 + e;
-            if (jj < lo || jj > hi) s[n][2 * r + e] = ninf;
-          }
-      }
-    }
+    tc::softcap_and_mask_rows<BC, Softcap>(s, mask, i0, rows, j0, cols, wr0 + g, t4, cap_in, cap_out);
     std::uint32_t pa[BC / 16][4];
     {
       float tmax[2] = {ninf, ninf};
