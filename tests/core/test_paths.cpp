@@ -78,6 +78,12 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const Run<T> atomic = run_path(s, q, k, v, d_o, nondet, kfa::TileProductPath::tensor_core);
   // The deterministic tensor-core backward again on the same inputs: bitwise the same gradients.
   const Run<T> again = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
+  // Where that backward's dK/dV kernel is the wgmma one, the FA2-layout (or 16-keys-per-warp) one by name too.
+  kfa::AttentionOptions named_tc = opts;
+  named_tc.path = kfa::TileProductPath::tensor_core;
+  std::vector<Run<T>> other_dkdv;
+  if (kfa::plan_backward(Exec(), q, k, v, d_o, tc.dq, tc.dk, tc.dv, named_tc).wgmma_dkdv)
+    other_dkdv.push_back(run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_fa2));
   std::vector<double> oref, lref, dqr, dkr, dvr;
   reference_forward64(s, ro, qh, kh, vh, oref, lref);
   reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
@@ -101,6 +107,13 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dq), to_doubles4(pt.dq), tol)) << "dq: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core vs portable";
   EXPECT_TRUE(close_frobenius(to_doubles4(tc.dv), to_doubles4(pt.dv), tol)) << "dv: tensor_core vs portable";
+  for (const Run<T>& r : other_dkdv) {
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.dq), dqr, tol)) << "tensor_core_fa2 dq";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), dkr, tol)) << "tensor_core_fa2 dk";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), dvr, tol)) << "tensor_core_fa2 dv";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core_fa2 vs portable";
+    EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), to_doubles4(pt.dv), tol)) << "dv: tensor_core_fa2 vs portable";
+  }
   EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), dqr, tol)) << "atomic dq";
   EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), dkr, tol)) << "atomic dk";
   EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), dvr, tol)) << "atomic dv";
@@ -384,6 +397,19 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       opts.path = P::automatic;
     }
     EXPECT_EQ(b.family, P::tensor_core);
+    // the deterministic backward's dK/dV kernel: the wgmma one exactly where it says it can run, and not when
+    // opts.path names the FA2-layout family
+    const std::string wgmma_bwd_why = kfa::detail::wgmma_dkdv_why_not(Exec(), d, false, opts);
+    EXPECT_EQ(b.wgmma_dkdv, wgmma_bwd_why.empty()) << b.region << " " << wgmma_bwd_why;
+    EXPECT_EQ(b.region.find(",wgmma_dkdv,") != std::string::npos, b.wgmma_dkdv) << b.region;
+    if (b.wgmma_dkdv) {
+      EXPECT_EQ(b.tiles.dkdv.block_k, 128) << b.region;
+      EXPECT_EQ(b.tiles.dkdv.team_size, 256) << b.region;
+    } else {
+      std::printf("[ note ] the wgmma dK/dV kernel cannot run here: %s\n", wgmma_bwd_why.c_str());
+    }
+    opts.path = P::tensor_core_fa2;
+    EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).wgmma_dkdv);
     opts.path = P::tensor_core_team;
     EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::tensor_core_team);
     kfa::AttentionOptions blocks;  // the team kernel's tiles, which FA2's layout cannot honour

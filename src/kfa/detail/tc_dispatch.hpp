@@ -13,6 +13,7 @@
 #include <kfa/detail/tc_forward.hpp>
 #include <kfa/detail/tc_tf32_backward.hpp>
 #include <kfa/detail/tc_tf32_forward.hpp>
+#include <kfa/detail/tc_wgmma_backward.hpp>
 #include <kfa/detail/tc_wgmma_forward.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
@@ -211,6 +212,36 @@ inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
                  : native_forward_tiles<WgmmaForwardShape<128>>(smem_max);
 }
 
+/// Why the deterministic backward cannot take the wgmma dK/dV kernel for these inputs ("" when it can), given
+/// that the tensor-core backward can run them; the device probe (wgmma_loaded) last.
+template <class ExecSpace>
+std::string wgmma_dkdv_why_not(const ExecSpace& space, int d, bool fused, const AttentionOptions& opts) {
+  if (wgmma_head_dim_supported(d)) {
+    const std::string why = d == 64 ? tc_block_problem(opts, WgmmaBackwardShape<64>::block_q,
+                                                       WgmmaBackwardShape<64>::block_k, "wgmma dK/dV kernel")
+                                    : tc_block_problem(opts, WgmmaBackwardShape<128>::block_q,
+                                                       WgmmaBackwardShape<128>::block_k, "wgmma dK/dV kernel");
+    if (!why.empty()) return why;
+  }
+  return wgmma_backward_problem(space, d, fused);
+}
+
+/// The dK/dV tiles of the wgmma kernel at head dim D (64 or 128).
+template <int D>
+TileConfig wgmma_dkdv_tiles(std::size_t smem_max) {
+  using S = WgmmaBackwardShape<D>;
+  TileConfig t;
+  t.block_q = S::block_q;
+  t.block_k = S::block_k;
+  t.team_size = 32 * S::warps;
+  t.scratch_l0 = S::smem;
+  t.scratch_l0_max = smem_max;
+  return t;
+}
+inline TileConfig wgmma_dkdv_tiles(int d, std::size_t smem_max) {
+  return d == 64 ? wgmma_dkdv_tiles<64>(smem_max) : wgmma_dkdv_tiles<128>(smem_max);
+}
+
 /// Tiles of the tensor-core kernels for a head dim they support.
 inline TileConfig tc_forward_tiles(int head_dim, std::size_t l0_max) {
   return tc_head_dim_switch(head_dim, [&](auto dc) { return tc_forward_tiles<decltype(dc)::value>(l0_max); });
@@ -400,15 +431,28 @@ void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const V
   });
 }
 
-/// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the FA2-layout kernel (natively) where
+/// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the wgmma kernel where the plan says so
+/// (`wgmma`: wgmma_backward_problem is ""), else the FA2-layout kernel (natively) where
 /// tc_fa2_backward_runs, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
 /// scratch, natively otherwise.
 template <int D, bool Softcap, bool FuseDq, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD,
           class DKV, class DVV>
 void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                     const DD& dd, const DKV& dk, const DVV& dv, float scale, float softcap, const KeyMask& mask,
-                    float* dq_acc) {
+                    float* dq_acc, bool wgmma) {
 #if KFA_HAS_TENSOR_CORES
+  if constexpr (!FuseDq && D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (wgmma) {
+      using S = WgmmaBackwardShape<D>;
+      using K1 = TcWgmmaDkDvKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+      const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
+      const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+      if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+      native_launch(space, "kfa::attention_backward::dkdv[tensor_core_wgmma]", &native_team_kernel<K1>, league,
+                    dim3(32, S::warps), S::smem, K1::MIN_BLOCKS, k1);
+      return;
+    }
+  }
   const char* name = FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
   if constexpr (tc_fa2_backward_used<D, FuseDq>()) {
     using S = Fa2BackwardShape<D, FuseDq>;
@@ -450,20 +494,21 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)dq_acc;
+      (void)softcap, (void)mask, (void)dq_acc, (void)wgmma;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
 
-/// The tensor-core backward. deterministic: the dK/dV kernel, then the dQ kernel (7 tile products, no
-/// atomics; the FA2-layout dQ kernel where fa2_dq_problem is "", else TcDqKernel). Otherwise dQ is fused
-/// into the dK/dV kernel (5 products) through a zeroed fp32 accumulator allocated here, then converted into
-/// dq (the plan passes deterministic = false only where tc_atomic_dq_pays).
+/// The tensor-core backward. deterministic: the dK/dV kernel (the wgmma one where `wgmma_dkdv`), then the
+/// dQ kernel (7 tile products, no atomics; the FA2-layout dQ kernel where fa2_dq_problem is "", else
+/// TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
+/// allocated here, then converted into dq (the plan passes deterministic = false only where
+/// tc_atomic_dq_pays).
 template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,
           class DKV, class DVV>
 void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                           const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                          const KeyMask& mask, bool deterministic, BackwardParts parts) {
+                          const KeyMask& mask, bool deterministic, bool wgmma_dkdv, BackwardParts parts) {
 #if KFA_HAS_TENSOR_CORES
   using S = TcBackwardShape<D>;
   if (!deterministic) {  // dQ comes with dK/dV
@@ -472,7 +517,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     Kokkos::View<float*, typename ExecSpace::memory_space> acc(
         Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
     if (k.extent(1) > 0)
-      tc_dkdv_launch<D, Softcap, true>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, acc.data());
+      tc_dkdv_launch<D, Softcap, true>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, acc.data(), false);
     // dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), one warp per row.
     const float* a = acc.data();
     const std::int64_t seq_q = static_cast<std::int64_t>(q.extent(1)), heads_q = static_cast<std::int64_t>(q.extent(2));
@@ -484,7 +529,8 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     return;  // acc's deallocation waits for the device (Kokkos synchronizes before freeing device memory)
   }
   if (k.extent(1) > 0 && parts != BackwardParts::dq)
-    tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr);
+    tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr,
+                                      wgmma_dkdv);
   if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
     if (fa2_dq_problem(space, D).empty()) {
       fa2_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
@@ -505,7 +551,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
   }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)deterministic, (void)parts;
+      (void)softcap, (void)mask, (void)deterministic, (void)wgmma_dkdv, (void)parts;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
@@ -513,13 +559,16 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
 void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                         const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                        const KeyMask& mask, bool deterministic, BackwardParts parts = BackwardParts::all) {
+                        const KeyMask& mask, bool deterministic, bool wgmma_dkdv,
+                        BackwardParts parts = BackwardParts::all) {
   fa2_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (softcap > 0.f)
-      tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic, parts);
+      tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic,
+                                    wgmma_dkdv, parts);
     else
-      tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic, parts);
+      tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic,
+                                     wgmma_dkdv, parts);
   });
 }
 

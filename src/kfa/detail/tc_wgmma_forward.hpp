@@ -407,28 +407,47 @@ inline bool wgmma_loaded(const Kokkos::Cuda& space) {
 }
 #endif  // KFA_HAS_TENSOR_CORES
 
-/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): Kokkos::Cuda on a
-/// compute capability 9.0 device, head dim 64 or 128, the shared memory, and the device running sm_90a code.
+/// Whether ExecSpace is one the wgmma kernels are compiled for (Kokkos::Cuda in a tensor-core build).
 template <class ExecSpace>
-std::string wgmma_forward_problem(const ExecSpace& space, int d) {
+constexpr bool wgmma_space() {
+#if KFA_HAS_TENSOR_CORES
+  return std::is_same<ExecSpace, Kokkos::Cuda>::value;
+#else
+  return false;
+#endif
+}
+
+/// Why a wgmma kernel needing `smem` bytes of shared memory per block cannot run on this space's device
+/// ("" when it can): Kokkos::Cuda on a compute capability 9.0 device, the shared memory, and the device
+/// running sm_90a code (the probe last); `kernel` names it in the message.
+template <class ExecSpace>
+std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const char* kernel) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    if (!wgmma_head_dim_supported(d))
-      return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
     const cudaDeviceProp& prop = space.cuda_device_prop();
     if (prop.major != 9 || prop.minor != 0)
       return "wgmma needs a compute capability 9.0 device (sm_90a code), this one is " + std::to_string(prop.major) +
              "." + std::to_string(prop.minor);
-    const std::size_t smem = d == 64 ? WgmmaForwardShape<64>::smem : WgmmaForwardShape<128>::smem;
-    std::string why = native_smem_problem(space, smem, "the wgmma forward");
+    std::string why = native_smem_problem(space, smem, kernel);
     if (why.empty() && !wgmma_loaded(space))
       why = "the device runs no sm_90a image of kfa's kernels (compile with -gencode=arch=compute_90a,code=sm_90a "
             "too; kfa's own build: KFA_ENABLE_SM90A)";
     return why;
   }
 #endif
-  (void)space, (void)d;
-  return "it is a Kokkos::Cuda kernel for sm_80+";
+  (void)space, (void)smem, (void)kernel;
+  return "it is a Kokkos::Cuda kernel for sm_90a";
+}
+
+/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): head dim 64 or 128,
+/// then wgmma_device_problem.
+template <class ExecSpace>
+std::string wgmma_forward_problem(const ExecSpace& space, int d) {
+  if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
+  if (!wgmma_head_dim_supported(d))
+    return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
+  const std::size_t smem = d == 64 ? WgmmaForwardShape<64>::smem : WgmmaForwardShape<128>::smem;
+  return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
 #if KFA_HAS_TENSOR_CORES

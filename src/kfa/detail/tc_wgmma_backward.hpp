@@ -1,0 +1,284 @@
+#pragma once
+/// The dK/dV kernel of the deterministic tensor-core backward on Hopper's warpgroup MMA (wgmma, sm_90a):
+/// the 16-keys-per-warp kernel's algorithm (tc_backward.hpp: transposed scores, Pᵀ and dSᵀ straight from the
+/// accumulators into the A operands of dV and dK) with every product issued by a warpgroup as one
+/// asynchronous 64 × N × 16 instruction reading shared memory through descriptors (tc_wgmma_forward.hpp).
+///
+/// Per block: two warpgroups (8 warps), BK = 128 owned keys, 64 per warpgroup and 16 per warp; K and V stay
+/// in shared memory; query tiles of BQ = 64 rows of every query head of the group stream through two stages
+/// (Q, dO with cp.async, and the rows' lse and D). A step, per warpgroup:
+///   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   m64n64k16, both operands from shared memory (K-major, as S = Q·Kᵀ in the
+///                               forward), issued together and waited for once;
+///   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ softcap'), in registers, then packed to
+///                               16 bits in place as A fragments (the m16n8 C and A layouts agree per warp);
+///   dV += Pᵀ·dO, dK += dSᵀ·Q     m64nDk16, A from registers, B = the dO or Q tile read transposed
+///                               (MN-major, as V in the forward's O += P·V).
+/// dK and dV stay in fp32 registers (2·D/2 per thread) over the whole key block; no atomics (bitwise
+/// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name.
+/// dQ is the separate FA2-layout dQ kernel's, as for the other dK/dV kernels.
+///
+/// Needs the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
+#include <kfa/detail/backward_kernel.hpp>     // recompute_lse
+#include <kfa/detail/mask.hpp>
+#include <kfa/detail/tc_backward.hpp>         // TcRecomputeConsts, tc_recompute_p
+#include <kfa/detail/tc_wgmma_forward.hpp>    // tc::wgmma_*, tc::load_tile_sw128, wgmma_device_problem
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+/// 0: the deterministic tensor-core backward never takes the wgmma dK/dV kernel (a build-time knob for
+/// comparisons in one call: the FA2-layout kernel runs instead).
+#ifndef KFA_WGMMA_BWD
+#define KFA_WGMMA_BWD 1
+#endif
+
+namespace kfa {
+namespace detail {
+
+/// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], two stages of Q and dO [BQ][D] (16-bit,
+/// unpadded), two stages of the rows' lse and D (fp32), and 1 KB to align the tiles to the swizzle's period
+/// (d = 64: 66 KB, d = 128: 130 KB).
+template <int D>
+struct WgmmaBackwardShape {
+  static constexpr int warps = 8;      // two warpgroups
+  static constexpr int block_k = 128;  // owned keys, 64 per warpgroup
+  static constexpr int block_q = 64;   // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
+  static constexpr int stages = 2;
+  static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;  // one Q or dO tile
+  static constexpr std::size_t smem =
+      2u * block_k * D * 2 + stages * 2u * tile_q + stages * 2u * block_q * 4 + 1024;
+  static_assert(D % 64 == 0 && D <= 128, "64-element panels; wgmma's n of dV and dK is D");
+};
+
+#if KFA_HAS_TENSOR_CORES
+template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV, class DVV>
+struct TcWgmmaDkDvKernel {
+  using T = typename QV::non_const_value_type;
+  using Shape = WgmmaBackwardShape<D>;
+  static constexpr int WARPS = Shape::warps, BK = Shape::block_k, BQ = Shape::block_q, NTH = 32 * WARPS;
+  static constexpr int MIN_BLOCKS = 1;
+
+  QV q;
+  KV k;
+  VV v;
+  DOV d_o;
+  LV lse;
+  DV dd;
+  DKV dk;
+  DVV dv;
+  int seq_q, seq_k, heads_kv, group, n_kblocks;
+  float scale;
+  TcRecomputeConsts pc;
+  KeyMask mask;
+
+  TcWgmmaDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
+                    const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_)
+      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), seq_q(static_cast<int>(q_.extent(1))),
+        seq_k(static_cast<int>(k_.extent(1))), heads_kv(static_cast<int>(k_.extent(2))),
+        group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
+        pc(scale_, softcap_), mask(mask_) {}
+
+  /// The body of block `lr` (native_team_kernel), with Shape::smem bytes of shared memory at smem.
+  __device__ void run(int lr, char* smem) const {
+#if KFA_WGMMA_DEVICE
+    const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+    const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+    const int kb = lr % n_kblocks;
+    const int hk = (lr / n_kblocks) % heads_kv;
+    const int b = lr / (n_kblocks * heads_kv);
+    const int k0 = kb * BK;
+    const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+
+    // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, then [stage][lse | D] rows. Tiles start at a
+    // multiple of 1024 B: the swizzle is a function of the address bits.
+    const std::uint32_t base = tc::smem_addr(smem);
+    const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + BK * D * 2, stage0 = vs + BK * D * 2;
+    constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
+    float* rows_s = reinterpret_cast<float*>(smem + (stage0 + 2 * 2 * tile_q - base));
+
+    const long qb0 = mask.query_begin(k0);
+    const long qb1 = mask.query_end(k0 + keys, seq_q);
+    const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+    const int steps = n_qt * group;
+    const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
+    const auto* qbase = q.data() + b * q.stride(0) + static_cast<long>(hk) * group * q.stride(2);
+    const auto* dobase = d_o.data() + b * d_o.stride(0) + static_cast<long>(hk) * group * d_o.stride(2);
+    // Steps run over the visible query tiles (fastest) of each query head of the group.
+    auto issue = [&](int qt, int gh, int st) {
+      const long i = qb0 + static_cast<long>(qt) * BQ;
+      const int rows = static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
+      const std::uint32_t qd = stage0 + st * 2 * tile_q;
+      tc::load_tile_sw128<D, BQ, NTH>(qd, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)),
+                                      qstride, rows, tid);
+      tc::load_tile_sw128<D, BQ, NTH>(
+          qd + tile_q, reinterpret_cast<const std::uint16_t*>(dobase + i * dostride + gh * d_o.stride(2)), dostride,
+          rows, tid);
+    };
+    // Row tid's lse·log2(e) and D of a step (rows past the visible ones: +inf and 0, so Pᵀ = 0 there).
+    auto row_values = [&](int qt, int gh, float& l2, float& d) {
+      const long i = qb0 + static_cast<long>(qt) * BQ + tid;
+      const int hq = hk * group + gh;
+      const bool in = tid < BQ && i < qb1;
+      l2 = in ? recompute_lse(static_cast<float>(lse(b, hq, i))) * tc::log2e : compat::infinity<float>();
+      d = in ? static_cast<float>(dd(b, hq, i)) : 0.f;
+    };
+    if (steps > 0) {
+      tc::load_tile_sw128<D, BK, NTH>(
+          ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+          static_cast<long>(k.stride(1)), keys, tid);
+      tc::load_tile_sw128<D, BK, NTH>(
+          vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+          static_cast<long>(v.stride(1)), keys, tid);
+      issue(0, 0, 0);
+      if (tid < BQ) row_values(0, 0, rows_s[tid], rows_s[BQ + tid]);
+    }
+    tc::cp_async_commit();
+
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
+    float s[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+    for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+
+    // This warp's key rows kr0 and kr0 + 8 (tile-local); the warpgroup's K and V rows in each panel.
+    const int kr0 = wg * 64 + (warp & 3) * 16 + g;
+    const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(wg * 64 * 128), v_wg = k_wg + BK * D * 2;
+
+    int qt = 0, gh = 0;
+    for (int step = 0; step < steps; ++step) {
+      const long i0 = qb0 + static_cast<long>(qt) * BQ;
+      const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
+      const int st = step & 1;
+      const bool next = step + 1 < steps;
+      float next_l2 = 0.f, next_d = 0.f;
+      if (next) {
+        const int nqt = qt + 1 < n_qt ? qt + 1 : 0, ngh = qt + 1 < n_qt ? gh : gh + 1;
+        issue(nqt, ngh, st ^ 1);
+        row_values(nqt, ngh, next_l2, next_d);
+      }
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // all but the group just issued
+      tc::fence_proxy_async();
+      __syncthreads();  // this step's Q and dO (and K, V), lse and D are in
+      const std::uint32_t qs = stage0 + st * 2 * tile_q, dos = qs + tile_q;
+      const float* lse_s = rows_s + st * 2 * BQ;
+      const float* dd_s = lse_s + BQ;
+
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major steps of 16 elements advance 32 B inside a 128-byte panel row,
+      // every 4 steps a panel.
+      tc::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = (kk >> 2);
+        tc::wgmma_ss<BQ, T>(s, tc::wgmma_desc(k_wg + panel * BK * 128 + in_row, 16, 1024),
+                            tc::wgmma_desc(qs + panel * BQ * 128 + in_row, 16, 1024), kk);
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = (kk >> 2);
+        tc::wgmma_ss<BQ, T>(dp, tc::wgmma_desc(v_wg + panel * BK * 128 + in_row, 16, 1024),
+                            tc::wgmma_desc(dos + panel * BQ * 128 + in_row, 16, 1024), kk);
+      }
+      tc::wgmma_commit();
+      tc::wgmma_wait_all();
+      tc::wgmma_hold(s);
+      tc::wgmma_hold(dp);
+
+      // Pᵀ and dSᵀ, packed into A fragments (16 queries per k step: n-tiles 2kk and 2kk + 1). Masked tiles
+      // take a second copy of the pass, in which each key's visible queries are one range of the tile (the
+      // common tile tests nothing per element).
+      std::uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+      auto p_ds_pass = [&](auto masked) {
+        constexpr bool Masked = decltype(masked)::value;
+        int lo[2] = {0, 0}, hi[2] = {BQ - 1, BQ - 1};  // visible queries of keys kr0 and kr0 + 8, tile-local
+        if (Masked) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const long j = k0 + kr0 + h * 8;
+            const long first = mask.query_begin(j) - i0, last = mask.query_end(j + 1, seq_q) - 1 - i0;
+            lo[h] = static_cast<int>(first < 0 ? 0 : (first > BQ ? BQ : first));
+            hi[h] = static_cast<int>(j >= seq_k || last < 0 ? -1 : (last > rows - 1 ? rows - 1 : last));
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < BQ / 8; ++n) {
+          float p[4], ds[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int qq = n * 8 + 2 * t4 + (e & 1);
+            const bool vis = !Masked || (qq >= lo[e >> 1] && qq <= hi[e >> 1]);
+            float dcap;
+            p[e] = tc_recompute_p<Softcap>(s[n][e], pc, lse_s[qq], vis, dcap);
+            ds[e] = p[e] * (dp[n][e] - dd_s[qq]) * dcap;
+          }
+          pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p[0], p[1]);
+          pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p[2], p[3]);
+          da[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(ds[0], ds[1]);
+          da[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(ds[2], ds[3]);
+        }
+      };
+      if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
+        p_ds_pass(std::true_type{});
+      else
+        p_ds_pass(std::false_type{});
+
+      // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
+      // dimension): 16 query rows per step, 64-element panels BQ rows apart.
+      tc::wgmma_fence();  // pa and da were written by ordinary instructions
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk)
+        tc::wgmma_rs<D, T>(dva, pa[kk], tc::wgmma_desc(dos + kk * 16 * 128, BQ * 128, 1024));
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk)
+        tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
+      tc::wgmma_commit();
+      tc::wgmma_wait_all();
+      tc::wgmma_hold(dva);
+      tc::wgmma_hold(dka);
+      if (next && tid < BQ) {  // stage st ^ 1's rows were last read in the previous step
+        float* nr = rows_s + (st ^ 1) * 2 * BQ;
+        nr[tid] = next_l2, nr[BQ + tid] = next_d;
+      }
+      __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's rows are in
+      if (++qt == n_qt) qt = 0, ++gh;
+    }
+    tc::cp_async_wait_all();
+
+    const int r0 = k0 + kr0, r1 = r0 + 8;
+    tc::store_c_rows<D, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, 0) : nullptr,
+                           r1 < seq_k ? &dk(b, r1, hk, 0) : nullptr, t4);
+    tc::store_c_rows<D, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, 0) : nullptr,
+                           r1 < seq_k ? &dv(b, r1, hk, 0) : nullptr, t4);
+#else
+    (void)lr, (void)smem;
+#if defined(__CUDA_ARCH__)
+    __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+  }
+};
+#endif  // KFA_HAS_TENSOR_CORES
+
+/// Why the wgmma dK/dV kernel cannot run head dim d on this space's device ("" when it can): the deterministic
+/// backward only (the atomic-dQ one fuses dQ into the FA2-layout kernel), head dim 64 or 128, a compute
+/// capability 9.0 device running kfa's sm_90a image, the shared memory.
+template <class ExecSpace>
+std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
+  if (KFA_WGMMA_BWD == 0) return "this build has KFA_WGMMA_BWD=0";
+  if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma dK/dV kernel");
+  if (fused) return "opts.deterministic = false (dQ is then fused into the FA2-layout dK/dV kernel)";
+  if (!wgmma_head_dim_supported(d))
+    return "head_dim = " + std::to_string(d) + " (the wgmma dK/dV kernel exists for 64 and 128)";
+  const std::size_t smem = d == 64 ? WgmmaBackwardShape<64>::smem : WgmmaBackwardShape<128>::smem;
+  return wgmma_device_problem(space, smem, "the wgmma dK/dV kernel");
+}
+
+}  // namespace detail
+}  // namespace kfa
