@@ -291,10 +291,10 @@ struct BackwardPlan {
   /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
   /// tensor-core family); otherwise a separate dQ kernel, bitwise reproducible.
   bool atomic_dq = false;
-  /// dK and dV from the wgmma dK/dV kernel (tensor-core family, deterministic, head dim 64 or 128, sm_90a on
-  /// a compute capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma); otherwise the
-  /// FA2-layout or the 16-keys-per-warp dK/dV kernel. dQ is the same dQ kernel either way.
-  bool wgmma_dkdv = false;
+  /// dK, dV and dQ from the wgmma kernels (tensor-core family, deterministic, head dim 64 or 128, sm_90a on a
+  /// compute capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma); otherwise the
+  /// FA2-layout or the 16-keys-per-warp dK/dV kernel and the FA2-layout or TcDqKernel dQ kernel.
+  bool wgmma = false;
 };
 
 namespace detail {
@@ -320,8 +320,8 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
 /// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
 /// serves every 16-bit tensor-core forward family), else tensor_core_tf32x3 (float on CUDA sm_80+), else
 /// simt_fp32 (float on CUDA), else portable; opts.path names one of them (tensor_core_team,
-/// tensor_core_fa2 and tensor_core_wgmma name the tensor-core backward; its dK/dV kernel is the wgmma one
-/// where that can run, except when opts.path names tensor_core_fa2 or tensor_core_team).
+/// tensor_core_fa2 and tensor_core_wgmma name the tensor-core backward; its kernels are the wgmma ones where
+/// those can run, except when opts.path names tensor_core_fa2 or tensor_core_team).
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
 BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
                            const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
@@ -340,7 +340,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
     if (why_not.empty() && !fused) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
   }
   // asked only where the tensor-core backward can run (it may probe the device)
-  const std::string wgmma_why = why_not.empty() ? wgmma_dkdv_why_not(space, d, fused, opts) : why_not;
+  const std::string wgmma_why = why_not.empty() ? wgmma_backward_why_not(space, d, fused, opts) : why_not;
   tc_add_backward_view_problems(why_not, q, k, v, d_o, dq, dk, dv);
   const std::string tf32_why = tf32_backward_why_not(space, q, k, v, d_o, dq, dk, dv, opts);
   const std::string simt_why = simt_backward_why_not<ExecSpace>(q, k, v, d_o, dq, dk, dv, opts);
@@ -364,8 +364,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
       break;
   }
   const bool tc = family == P::tensor_core;
-  const bool wgmma_dkdv =
-      tc && wgmma_why.empty() && opts.path != P::tensor_core_fa2 && opts.path != P::tensor_core_team;
+  const bool wgmma = tc && wgmma_why.empty() && opts.path != P::tensor_core_fa2 && opts.path != P::tensor_core_team;
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
   BackwardTileConfig tiles = tc                                 ? tc_backward_tiles(d, l0_max, fused, fa2, fa2_dq)
                              : family == P::tensor_core_tf32x3 ? tf32_backward_tiles(d, native_smem_max(space))
@@ -374,16 +373,16 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
                                                                 : backward_tile_config(space, q, k, opts);
   if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
   if (tc && fa2_dq) tiles.dq.scratch_l0_max = native_smem_max(space);
-  if (wgmma_dkdv) tiles.dkdv = wgmma_dkdv_tiles(d, native_smem_max(space));
+  if (wgmma) tiles = wgmma_backward_tiles(d, native_smem_max(space));
   const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
   if (family == P::portable && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
     fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
          " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
   const bool atomic_dq = tc && fused;
   return {family, tiles,
-          std::string(fn) + "[" + to_string(family) + (atomic_dq ? ",atomic_dq," : wgmma_dkdv ? ",wgmma_dkdv," : ",") +
+          std::string(fn) + "[" + to_string(family) + (atomic_dq ? ",atomic_dq," : wgmma ? ",wgmma," : ",") +
               dtype_name<T>() + ",d" + std::to_string(d) + "," + to_string(tiles) + "]",
-          atomic_dq, wgmma_dkdv};
+          atomic_dq, wgmma};
 }
 
 /// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
@@ -415,7 +414,7 @@ bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
   if (plan.family == TileProductPath::tensor_core) {
     if constexpr (has_tensor_core_path<ExecSpace, T>::value)
       tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                         static_cast<float>(opts.softcap), mask, !plan.atomic_dq, plan.wgmma_dkdv, parts);
+                         static_cast<float>(opts.softcap), mask, !plan.atomic_dq, plan.wgmma, parts);
     return wrote_dq;
   }
   if (plan.family == TileProductPath::tensor_core_tf32x3) {

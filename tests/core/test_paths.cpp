@@ -78,11 +78,11 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
   const Run<T> atomic = run_path(s, q, k, v, d_o, nondet, kfa::TileProductPath::tensor_core);
   // The deterministic tensor-core backward again on the same inputs: bitwise the same gradients.
   const Run<T> again = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
-  // Where that backward's dK/dV kernel is the wgmma one, the FA2-layout (or 16-keys-per-warp) one by name too.
+  // Where that backward's kernels are the wgmma ones, the FA2-layout (or older) ones by name too.
   kfa::AttentionOptions named_tc = opts;
   named_tc.path = kfa::TileProductPath::tensor_core;
   std::vector<Run<T>> other_dkdv;
-  if (kfa::plan_backward(Exec(), q, k, v, d_o, tc.dq, tc.dk, tc.dv, named_tc).wgmma_dkdv)
+  if (kfa::plan_backward(Exec(), q, k, v, d_o, tc.dq, tc.dk, tc.dv, named_tc).wgmma)
     other_dkdv.push_back(run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_fa2));
   std::vector<double> oref, lref, dqr, dkr, dvr;
   reference_forward64(s, ro, qh, kh, vh, oref, lref);
@@ -397,19 +397,21 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       opts.path = P::automatic;
     }
     EXPECT_EQ(b.family, P::tensor_core);
-    // the deterministic backward's dK/dV kernel: the wgmma one exactly where it says it can run, and not when
+    // the deterministic backward's kernels: the wgmma ones exactly where they say they can run, and not when
     // opts.path names the FA2-layout family
-    const std::string wgmma_bwd_why = kfa::detail::wgmma_dkdv_why_not(Exec(), d, false, opts);
-    EXPECT_EQ(b.wgmma_dkdv, wgmma_bwd_why.empty()) << b.region << " " << wgmma_bwd_why;
-    EXPECT_EQ(b.region.find(",wgmma_dkdv,") != std::string::npos, b.wgmma_dkdv) << b.region;
-    if (b.wgmma_dkdv) {
+    const std::string wgmma_bwd_why = kfa::detail::wgmma_backward_why_not(Exec(), d, false, opts);
+    EXPECT_EQ(b.wgmma, wgmma_bwd_why.empty()) << b.region << " " << wgmma_bwd_why;
+    EXPECT_EQ(b.region.find(",wgmma,") != std::string::npos, b.wgmma) << b.region;
+    if (b.wgmma) {
       EXPECT_EQ(b.tiles.dkdv.block_k, 128) << b.region;
       EXPECT_EQ(b.tiles.dkdv.team_size, 256) << b.region;
+      EXPECT_EQ(b.tiles.dq.block_q, 128) << b.region;
+      EXPECT_EQ(b.tiles.dq.team_size, 256) << b.region;
     } else {
-      std::printf("[ note ] the wgmma dK/dV kernel cannot run here: %s\n", wgmma_bwd_why.c_str());
+      std::printf("[ note ] the wgmma backward cannot run here: %s\n", wgmma_bwd_why.c_str());
     }
     opts.path = P::tensor_core_fa2;
-    EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).wgmma_dkdv);
+    EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).wgmma);
     opts.path = P::tensor_core_team;
     EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, opts).family, P::tensor_core_team);
     kfa::AttentionOptions blocks;  // the team kernel's tiles, which FA2's layout cannot honour
@@ -477,9 +479,13 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   EXPECT_EQ(nb.atomic_dq, b.family == P::tensor_core) << nb.region;
   EXPECT_EQ(nb.region.find(",atomic_dq,") != std::string::npos, nb.atomic_dq) << nb.region;
   if (nb.family == P::tensor_core) {
+    kfa::AttentionOptions fa2_path;  // the kernels below by name where automatic takes the wgmma ones
+    fa2_path.path = P::tensor_core_fa2;
+    const kfa::BackwardPlan bf = b.wgmma ? kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, fa2_path) : b;
+    EXPECT_FALSE(bf.wgmma) << bf.region;
     // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where the device gives it its shared memory,
     // else the 16-keys-per-warp kernel; the plan names the tiles of the one that runs
-    for (const kfa::BackwardPlan* pl : {&b, &nb}) {
+    for (const kfa::BackwardPlan* pl : {&bf, &nb}) {
       const bool fused = pl == &nb;
       const bool fa2 = kfa::detail::tc_fa2_backward_runs(Exec(), d, fused);
       EXPECT_EQ(fa2, kfa::detail::native_smem_max(Exec()) >= (fused ? kfa::detail::Fa2BackwardShape<d, true>::dkdv_scratch
@@ -487,13 +493,13 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(pl->tiles.dkdv.block_k, fa2 ? 128 : 64) << pl->region;
       EXPECT_EQ(pl->tiles.dkdv.team_size, fa2 ? 256 : 128) << pl->region;
     }
-    // the deterministic dQ kernel: FA2's layout (128 rows, 4 warps) exactly where the device gives it its
-    // shared memory, else TcDqKernel (64 rows)
+    // the deterministic dQ kernel, where the wgmma one does not run (checked above): FA2's layout (128 rows,
+    // 4 warps) exactly where the device gives it its shared memory, else TcDqKernel (64 rows)
     const bool fa2_dq = kfa::detail::fa2_dq_problem(Exec(), d).empty();
     EXPECT_EQ(fa2_dq, kfa::detail::native_smem_max(Exec()) >= kfa::detail::Fa2DqShape<d>::smem);
-    EXPECT_EQ(b.tiles.dq.block_q, fa2_dq ? 128 : 64) << b.region;
-    EXPECT_EQ(b.tiles.dq.block_k, fa2_dq ? kfa::detail::Fa2DqShape<d>::block_k : 32) << b.region;
-    EXPECT_EQ(b.tiles.dq.team_size, 128) << b.region;
+    EXPECT_EQ(bf.tiles.dq.block_q, fa2_dq ? 128 : 64) << bf.region;
+    EXPECT_EQ(bf.tiles.dq.block_k, fa2_dq ? kfa::detail::Fa2DqShape<d>::block_k : 32) << bf.region;
+    EXPECT_EQ(bf.tiles.dq.team_size, 128) << bf.region;
   }
   // d = 64: atomic dQ only where the FA2-layout dQ kernel cannot run (the two-kernel backward is the faster)
   {

@@ -212,34 +212,44 @@ inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
                  : native_forward_tiles<WgmmaForwardShape<128>>(smem_max);
 }
 
-/// Why the deterministic backward cannot take the wgmma dK/dV kernel for these inputs ("" when it can), given
-/// that the tensor-core backward can run them; the device probe (wgmma_loaded) last.
+/// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that
+/// the tensor-core backward can run them; the device probe (wgmma_loaded) last.
 template <class ExecSpace>
-std::string wgmma_dkdv_why_not(const ExecSpace& space, int d, bool fused, const AttentionOptions& opts) {
+std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, const AttentionOptions& opts) {
   if (wgmma_head_dim_supported(d)) {
-    const std::string why = d == 64 ? tc_block_problem(opts, WgmmaBackwardShape<64>::block_q,
-                                                       WgmmaBackwardShape<64>::block_k, "wgmma dK/dV kernel")
-                                    : tc_block_problem(opts, WgmmaBackwardShape<128>::block_q,
-                                                       WgmmaBackwardShape<128>::block_k, "wgmma dK/dV kernel");
+    auto blocks = [&](auto dc) {
+      constexpr int D = decltype(dc)::value;
+      std::string why = tc_block_problem(opts, WgmmaBackwardShape<D>::block_q, WgmmaBackwardShape<D>::block_k,
+                                         "wgmma dK/dV kernel");
+      if (why.empty())
+        why = tc_block_problem(opts, WgmmaDqShape<D>::block_q, WgmmaDqShape<D>::block_k, "wgmma dQ kernel");
+      return why;
+    };
+    const std::string why = d == 64 ? blocks(std::integral_constant<int, 64>{}) : blocks(std::integral_constant<int, 128>{});
     if (!why.empty()) return why;
   }
   return wgmma_backward_problem(space, d, fused);
 }
 
-/// The dK/dV tiles of the wgmma kernel at head dim D (64 or 128).
+/// The tiles of the wgmma backward kernels at head dim D (64 or 128).
 template <int D>
-TileConfig wgmma_dkdv_tiles(std::size_t smem_max) {
+BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
   using S = WgmmaBackwardShape<D>;
-  TileConfig t;
-  t.block_q = S::block_q;
-  t.block_k = S::block_k;
-  t.team_size = 32 * S::warps;
-  t.scratch_l0 = S::smem;
-  t.scratch_l0_max = smem_max;
+  using Q = WgmmaDqShape<D>;
+  BackwardTileConfig t;
+  t.dkdv.block_q = S::block_q;
+  t.dkdv.block_k = S::block_k;
+  t.dkdv.team_size = 32 * S::warps;
+  t.dkdv.scratch_l0 = S::smem;
+  t.dq.block_q = Q::block_q;
+  t.dq.block_k = Q::block_k;
+  t.dq.team_size = 32 * Q::warps;
+  t.dq.scratch_l0 = Q::smem;
+  t.dkdv.scratch_l0_max = t.dq.scratch_l0_max = smem_max;
   return t;
 }
-inline TileConfig wgmma_dkdv_tiles(int d, std::size_t smem_max) {
-  return d == 64 ? wgmma_dkdv_tiles<64>(smem_max) : wgmma_dkdv_tiles<128>(smem_max);
+inline BackwardTileConfig wgmma_backward_tiles(int d, std::size_t smem_max) {
+  return d == 64 ? wgmma_backward_tiles<64>(smem_max) : wgmma_backward_tiles<128>(smem_max);
 }
 
 /// Tiles of the tensor-core kernels for a head dim they support.
@@ -432,7 +442,7 @@ void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const V
 }
 
 /// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the wgmma kernel where the plan says so
-/// (`wgmma`: wgmma_backward_problem is ""), else the FA2-layout kernel (natively) where
+/// (`wgmma`: wgmma_backward_why_not is ""), else the FA2-layout kernel (natively) where
 /// tc_fa2_backward_runs, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
 /// scratch, natively otherwise.
 template <int D, bool Softcap, bool FuseDq, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD,
@@ -499,16 +509,15 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
 #endif
 }
 
-/// The tensor-core backward. deterministic: the dK/dV kernel (the wgmma one where `wgmma_dkdv`), then the
-/// dQ kernel (7 tile products, no atomics; the FA2-layout dQ kernel where fa2_dq_problem is "", else
-/// TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
+/// The tensor-core backward. deterministic: the dK/dV kernel, then the dQ kernel (7 tile products, no atomics;
+/// the wgmma kernels where `wgmma`, else the FA2-layout dQ kernel where fa2_dq_problem is "", else TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
 /// allocated here, then converted into dq (the plan passes deterministic = false only where
 /// tc_atomic_dq_pays).
 template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,
           class DKV, class DVV>
 void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                           const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                          const KeyMask& mask, bool deterministic, bool wgmma_dkdv, BackwardParts parts) {
+                          const KeyMask& mask, bool deterministic, bool wgmma, BackwardParts parts) {
 #if KFA_HAS_TENSOR_CORES
   using S = TcBackwardShape<D>;
   if (!deterministic) {  // dQ comes with dK/dV
@@ -530,8 +539,14 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
   }
   if (k.extent(1) > 0 && parts != BackwardParts::dq)
     tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr,
-                                      wgmma_dkdv);
+                                      wgmma);
   if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
+    if constexpr (D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+      if (wgmma) {
+        wgmma_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+        return;
+      }
+    }
     if (fa2_dq_problem(space, D).empty()) {
       fa2_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
       return;
@@ -551,7 +566,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
   }
 #else
   (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)deterministic, (void)wgmma_dkdv, (void)parts;
+      (void)softcap, (void)mask, (void)deterministic, (void)wgmma, (void)parts;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
@@ -559,16 +574,16 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
 void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
                         const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                        const KeyMask& mask, bool deterministic, bool wgmma_dkdv,
+                        const KeyMask& mask, bool deterministic, bool wgmma,
                         BackwardParts parts = BackwardParts::all) {
   fa2_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (softcap > 0.f)
       tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic,
-                                    wgmma_dkdv, parts);
+                                    wgmma, parts);
     else
       tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic,
-                                     wgmma_dkdv, parts);
+                                     wgmma, parts);
   });
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-/// The dK/dV kernel of the deterministic tensor-core backward on Hopper's warpgroup MMA (wgmma, sm_90a):
+/// The kernels of the deterministic tensor-core backward on Hopper's warpgroup MMA (wgmma, sm_90a):
 /// the 16-keys-per-warp kernel's algorithm (tc_backward.hpp: transposed scores, Pᵀ and dSᵀ straight from the
 /// accumulators into the A operands of dV and dK) with every product issued by a warpgroup as one
 /// asynchronous 64 × N × 16 instruction reading shared memory through descriptors (tc_wgmma_forward.hpp).
@@ -15,21 +15,24 @@
 ///                               (MN-major, as V in the forward's O += P·V).
 /// dK and dV stay in fp32 registers (2·D/2 per thread) over the whole key block; no atomics (bitwise
 /// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name.
-/// dQ is the separate FA2-layout dQ kernel's, as for the other dK/dV kernels.
+/// dQ comes from the second kernel here, the wgmma forward's layout with the dQ kernel's recomputation
+/// (tc_wgmma_dq_kernel, below).
 ///
-/// Needs the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
+/// Both need the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
 #include <kfa/detail/backward_kernel.hpp>     // recompute_lse
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_backward.hpp>         // TcRecomputeConsts, tc_recompute_p
+#include <kfa/detail/tc_fa2_dq.hpp>           // Fa2DqArgs
 #include <kfa/detail/tc_wgmma_forward.hpp>    // tc::wgmma_*, tc::load_tile_sw128, wgmma_device_problem
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
-/// 0: the deterministic tensor-core backward never takes the wgmma dK/dV kernel (a build-time knob for
-/// comparisons in one call: the FA2-layout kernel runs instead).
+/// 0: the deterministic tensor-core backward never takes the wgmma kernels (a build-time knob for comparisons
+/// in one call: the FA2-layout kernels run instead).
 #ifndef KFA_WGMMA_BWD
 #define KFA_WGMMA_BWD 1
 #endif
@@ -266,18 +269,208 @@ struct TcWgmmaDkDvKernel {
 };
 #endif  // KFA_HAS_TENSOR_CORES
 
-/// Why the wgmma dK/dV kernel cannot run head dim d on this space's device ("" when it can): the deterministic
-/// backward only (the atomic-dQ one fuses dQ into the FA2-layout kernel), head dim 64 or 128, a compute
-/// capability 9.0 device running kfa's sm_90a image, the shared memory.
+/// Keys per K/V tile of the wgmma dQ kernel (wgmma's n of S = Q·Kᵀ and dP = dO·Vᵀ; 64 or 128).
+#ifndef KFA_WGMMA_DQ_BLOCK_K
+#define KFA_WGMMA_DQ_BLOCK_K 64
+#endif
+
+/// Tiles of the wgmma dQ kernel: two warpgroups × 64 query rows; Q and dO, two stages of K and V (16-bit,
+/// unpadded), 1 KB to align the tiles to the swizzle's period (d = 64: 65 KB, d = 128: 129 KB).
+template <int D>
+struct WgmmaDqShape {
+  static constexpr int warps = 8;
+  static constexpr int block_q = 128;
+  static constexpr int block_k = KFA_WGMMA_DQ_BLOCK_K;
+  static constexpr std::size_t smem = static_cast<std::size_t>(2 * block_q + 4 * block_k) * D * 2 + 1024;
+  static_assert(D % 64 == 0 && D <= 128 && (block_k == 64 || block_k == 128), "64-element panels; n of 64 or 128");
+};
+
+#if KFA_HAS_TENSOR_CORES
+/// The deterministic backward's dQ kernel on wgmma: the wgmma forward's layout (tc_wgmma_forward.hpp) with
+/// the FA2-layout dQ kernel's recomputation (tc_fa2_dq.hpp). Per key tile: S = Q·Kᵀ and dP = dO·Vᵀ
+/// (m64nBCk16, Q and dO of the warpgroup and the K or V tile from shared memory), dS = P ∘ (dP − D)
+/// (∘ softcap') in registers, packed in place into A fragments, dQ += dS·K (m64nDk16, K read transposed as
+/// V in the forward's O += P·V). Each block owns its rows of dQ: no atomics.
+template <int D, bool Softcap, class T, class OutT>
+__global__ void __launch_bounds__(32 * WgmmaDqShape<D>::warps, 1)
+    tc_wgmma_dq_kernel(const __grid_constant__ Fa2DqArgs<OutT> a) {
+#if KFA_WGMMA_DEVICE
+  using Shape = WgmmaDqShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, NT = 32 * Shape::warps;
+  extern __shared__ __align__(1024) unsigned char wgmma_dq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  const KeyMask& mask = a.mask;
+
+  // Q, dO, then stage s's K at ks0 + s·2·BC·D·2 and V right after it, each at a multiple of 1024 B.
+  const std::uint32_t qs = (tc::smem_addr(wgmma_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * D * 2;
+  const std::uint32_t ks0 = dos + BQ * D * 2;
+  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+  const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+  const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+  const long kstride = a.k_s[1], vstride = a.v_s[1];
+  const long j_begin = mask.key_begin(i0);
+  const long j_end = mask.key_end(i0 + rows);
+  auto load_kv = [&](long j0, int stage) {
+    const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+    const std::uint32_t kd = ks0 + stage * stage_bytes;
+    tc::load_tile_sw128<D, BC, NT>(kd, kbase + j0 * kstride, kstride, cols, tid);
+    tc::load_tile_sw128<D, BC, NT>(kd + kv_bytes, vbase + j0 * vstride, vstride, cols, tid);
+  };
+  // Group 0: the Q and dO blocks (rows past seq_q are zeros) and the first K/V tile.
+  tc::load_tile_sw128<D, BQ, NT>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
+                                 rows, tid);
+  tc::load_tile_sw128<D, BQ, NT>(dos, a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
+                                 a.do_s[1], rows, tid);
+  if (j_begin < j_end) load_kv(j_begin, 0);
+  tc::cp_async_commit();
+
+  // Rows g and g + 8 of this warp: lse·log2(e) and D (+inf and 0 past seq_q: P = 0 there).
+  float lse2[2], ddr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wr0 + g + r * 8;
+    const bool in = row < a.seq_q;
+    lse2[r] = in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
+                 : compat::infinity<float>();
+    ddr[r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
+  }
+  float acc[D / 8][4], s[BC / 8][4], dp[BC / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128), do_wg = q_wg + BQ * D * 2;
+
+  int stage = 0;
+  for (long j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+    tc::cp_async_commit();
+    tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q, dO) are in
+    tc::fence_proxy_async();
+    __syncthreads();
+    const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
+
+    // S = Q·Kᵀ and dP = dO·Vᵀ (K-major steps of 16 elements: 32 B inside a panel row, every 4 a panel).
+    tc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = kk >> 2;
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + panel * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(kst + panel * BC * 128 + in_row, 16, 1024), kk);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = kk >> 2;
+      tc::wgmma_ss<BC, T>(dp, tc::wgmma_desc(do_wg + panel * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(vst + panel * BC * 128 + in_row, 16, 1024), kk);
+    }
+    tc::wgmma_commit();
+    tc::wgmma_wait_all();
+    tc::wgmma_hold(s);
+    tc::wgmma_hold(dp);
+
+    // dS, packed into A fragments. Masked tiles take a second copy of the pass, in which each row's visible
+    // keys are one range of the tile (the common tile tests nothing per element).
+    std::uint32_t da[BC / 16][4];
+    auto ds_pass = [&](auto masked) {
+      constexpr bool Masked = decltype(masked)::value;
+      int lo[2] = {0, 0}, hi[2] = {BC - 1, BC - 1};  // visible keys of rows g and g + 8, tile-local
+      if (Masked) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          long first, last;
+          mask.visible_range(wr0 + g + r * 8, first, last);
+          lo[r] = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+          hi[r] = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int jj = n * 8 + 2 * t4 + (e & 1);
+          const bool vis = !Masked || (jj >= lo[e >> 1] && jj <= hi[e >> 1]);
+          float dcap;
+          const float p = tc_recompute_p<Softcap>(s[n][e], a.pc, lse2[e >> 1], vis, dcap);
+          ds[e] = p * (dp[n][e] - ddr[e >> 1]) * dcap;
+        }
+        da[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(ds[0], ds[1]);
+        da[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(ds[2], ds[3]);
+      }
+    };
+    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC))
+      ds_pass(std::true_type{});
+    else
+      ds_pass(std::false_type{});
+
+    // dQ += dS·K: B = the K tile read transposed (keys are the instruction's K dimension).
+    tc::wgmma_fence();  // da was written by ordinary instructions
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      tc::wgmma_rs<D, T>(acc, da[kk], tc::wgmma_desc(kst + kk * 16 * 128, BC * 128, 1024));
+    tc::wgmma_commit();
+    tc::wgmma_wait_all();
+    tc::wgmma_hold(acc);
+    __syncthreads();  // both warpgroups are done with this stage before the next iteration refills it
+  }
+  tc::cp_async_wait_all();
+
+  OutT* qbase = a.dq + b * a.dq_s[0] + h * a.dq_s[2];
+  const int r0 = wr0 + g, r1 = r0 + 8;
+  tc::store_c_rows<D, T>(acc, a.scale, a.scale, r0 < a.seq_q ? qbase + r0 * a.dq_s[1] : nullptr,
+                         r1 < a.seq_q ? qbase + r1 * a.dq_s[1] : nullptr, t4);
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+}
+
+/// dq = scale · Σ_key dS·K for every query row, with the wgmma dQ kernel (the plan checked
+/// wgmma_backward_problem).
+template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DDV, class DQV>
+void wgmma_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
+                       const DDV& dd, const DQV& dq, float scale, float softcap, const KeyMask& mask) {
+  using T = typename QV::non_const_value_type;
+  using OutT = typename DQV::non_const_value_type;
+  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
+  static_assert(std::is_same<typename DDV::non_const_value_type, float>::value, "float D only");
+  using Shape = WgmmaDqShape<D>;
+  Fa2DqArgs<OutT> a;
+  const long league = a.set_qkv(q, k, v, Shape::block_q, scale, mask);  // native_launch checks it fits an int
+  a.d_o = reinterpret_cast<const std::uint16_t*>(d_o.data());
+  a.lse = lse.data();
+  a.dd = dd.data();
+  a.dq = dq.data();
+  strides3(d_o, a.do_s), strides3(dq, a.dq_s), strides3(lse, a.l_s), strides3(dd, a.d_s);
+  a.pc = TcRecomputeConsts(scale, softcap);
+  native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma]", &tc_wgmma_dq_kernel<D, Softcap, T, OutT>,
+                league, dim3(32 * Shape::warps), Shape::smem, 1, a);
+}
+#endif  // KFA_HAS_TENSOR_CORES
+
+/// Why the wgmma backward kernels (dK/dV and dQ) cannot run head dim d on this space's device ("" when they
+/// can): the deterministic backward only (the atomic-dQ one fuses dQ into the FA2-layout dK/dV kernel), head
+/// dim 64 or 128, a compute capability 9.0 device running kfa's sm_90a image, the shared memory.
 template <class ExecSpace>
 std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (KFA_WGMMA_BWD == 0) return "this build has KFA_WGMMA_BWD=0";
-  if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma dK/dV kernel");
+  if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma backward");
   if (fused) return "opts.deterministic = false (dQ is then fused into the FA2-layout dK/dV kernel)";
   if (!wgmma_head_dim_supported(d))
-    return "head_dim = " + std::to_string(d) + " (the wgmma dK/dV kernel exists for 64 and 128)";
-  const std::size_t smem = d == 64 ? WgmmaBackwardShape<64>::smem : WgmmaBackwardShape<128>::smem;
-  return wgmma_device_problem(space, smem, "the wgmma dK/dV kernel");
+    return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64 and 128)";
+  const std::size_t smem = d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaDqShape<64>::smem)
+                                   : std::max(WgmmaBackwardShape<128>::smem, WgmmaDqShape<128>::smem);
+  return wgmma_device_problem(space, smem, "the wgmma backward");
 }
 
 }  // namespace detail
