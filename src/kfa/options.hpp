@@ -18,9 +18,10 @@ enum class TileProductPath {
                 ///< backward where the device has 216 KB of shared memory per block), unit head-dim stride and
                 ///< 16-byte-aligned rows
   tensor_core_team,  ///< forward: the Kokkos team kernel on tensor cores (16 rows per warp, 40 KB of team
-                     ///< scratch); the backward runs the tensor-core backward
+                     ///< scratch); the backward runs the tensor-core backward without its wgmma kernels
   tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
                      ///< natively with opt-in shared memory; the backward runs the tensor-core backward
+                     ///< without its wgmma kernels (the FA2-layout ones)
   simt_fp32,    ///< the CUDA fp32 kernels, forward and backward (float, head dim 64/128, no block override)
   tensor_core_tf32x3,  ///< float on tensor cores in 3xTF32, forward and backward (each product split in three
                        ///< tf32 mma, about 2^-20 relative error per product; what torch's memory-efficient
@@ -28,7 +29,8 @@ enum class TileProductPath {
   tensor_core_wgmma,  ///< forward: the FA2 layout on Hopper's warpgroup MMA (wgmma, 64 rows per warpgroup,
                       ///< operands from 128-byte-swizzled shared memory): half/bfloat16, head dim 64 or 128, a
                       ///< compute capability 9.0 device and a build with sm_90a code (KFA_ENABLE_SM90A); the
-                      ///< backward runs the tensor-core backward
+                      ///< backward runs the tensor-core backward, on wgmma where that can run (deterministic,
+                      ///< head dim 64/128; BackwardPlan::wgmma)
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.
