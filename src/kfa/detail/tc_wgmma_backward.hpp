@@ -442,17 +442,9 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, cons
                        const DDV& dd, const DQV& dq, float scale, float softcap, const KeyMask& mask) {
   using T = typename QV::non_const_value_type;
   using OutT = typename DQV::non_const_value_type;
-  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
-  static_assert(std::is_same<typename DDV::non_const_value_type, float>::value, "float D only");
   using Shape = WgmmaDqShape<D>;
   Fa2DqArgs<OutT> a;
-  const long league = a.set_qkv(q, k, v, Shape::block_q, scale, mask);  // native_launch checks it fits an int
-  a.d_o = reinterpret_cast<const std::uint16_t*>(d_o.data());
-  a.lse = lse.data();
-  a.dd = dd.data();
-  a.dq = dq.data();
-  strides3(d_o, a.do_s), strides3(dq, a.dq_s), strides3(lse, a.l_s), strides3(dd, a.d_s);
-  a.pc = TcRecomputeConsts(scale, softcap);
+  const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, Shape::block_q, scale, softcap, mask);
   native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma]", &tc_wgmma_dq_kernel<D, Softcap, T, OutT>,
                 league, dim3(32 * Shape::warps), Shape::smem, 1, a);
 }
