@@ -510,7 +510,8 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
 }
 
 /// The tensor-core backward. deterministic: the dK/dV kernel, then the dQ kernel (7 tile products, no atomics;
-/// the wgmma kernels where `wgmma`, else the FA2-layout dQ kernel where fa2_dq_problem is "", else TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
+/// the wgmma kernels where `wgmma`, else the FA2-layout dQ kernel where fa2_dq_problem is "", else
+/// TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
 /// allocated here, then converted into dq (the plan passes deterministic = false only where
 /// tc_atomic_dq_pays).
 template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,

@@ -1,10 +1,10 @@
 #pragma once
-/// The kernels of the deterministic tensor-core backward on Hopper's warpgroup MMA (wgmma, sm_90a):
-/// the 16-keys-per-warp kernel's algorithm (tc_backward.hpp: transposed scores, Pᵀ and dSᵀ straight from the
-/// accumulators into the A operands of dV and dK) with every product issued by a warpgroup as one
+/// The kernels of the deterministic tensor-core backward on Hopper's warpgroup MMA (wgmma, sm_90a). The dK/dV
+/// kernel is the 16-keys-per-warp kernel's algorithm (tc_backward.hpp: transposed scores, Pᵀ and dSᵀ straight
+/// from the accumulators into the A operands of dV and dK) with every product issued by a warpgroup as one
 /// asynchronous 64 × N × 16 instruction reading shared memory through descriptors (tc_wgmma_forward.hpp).
 ///
-/// Per block: two warpgroups (8 warps), BK = 128 owned keys, 64 per warpgroup and 16 per warp; K and V stay
+/// dK/dV, per block: two warpgroups (8 warps), BK = 128 owned keys, 64 per warpgroup and 16 per warp; K and V stay
 /// in shared memory; query tiles of BQ = 64 rows of every query head of the group stream through two stages
 /// (Q, dO with cp.async, and the rows' lse and D). A step, per warpgroup:
 ///   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   m64n64k16, both operands from shared memory (K-major, as S = Q·Kᵀ in the
