@@ -328,7 +328,8 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
   using T = typename QV::non_const_value_type;
   using P = TileProductPath;
   const int d = static_cast<int>(q.extent(3));
-  const bool fused = !opts.deterministic && tc_atomic_dq_pays(space, d);  // atomic dQ where it is the faster
+  const bool wgmma_allowed = opts.path != P::tensor_core_fa2 && opts.path != P::tensor_core_team;
+  const bool fused = !opts.deterministic && tc_atomic_dq_pays(space, d, wgmma_allowed);  // atomic dQ where faster
   std::string why_not = tc_space_problem<ExecSpace, T>(space, d, true);  // d = 256: the FA2-layout kernels only
   if (why_not.empty()) why_not = tc_backward_problem(space, d, fused);
   const bool fa2 = why_not.empty() && tc_fa2_backward_runs(space, d, fused);
@@ -364,7 +365,7 @@ BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, 
       break;
   }
   const bool tc = family == P::tensor_core;
-  const bool wgmma = tc && wgmma_why.empty() && opts.path != P::tensor_core_fa2 && opts.path != P::tensor_core_team;
+  const bool wgmma = tc && wgmma_why.empty() && wgmma_allowed;
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
   BackwardTileConfig tiles = tc                                 ? tc_backward_tiles(d, l0_max, fused, fa2, fa2_dq)
                              : family == P::tensor_core_tf32x3 ? tf32_backward_tiles(d, native_smem_max(space))

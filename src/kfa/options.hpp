@@ -56,7 +56,8 @@ struct AttentionOptions {
   /// S and dP. false lets the tensor-core backward accumulate dQ inside its dK/dV kernel with fp32 atomic
   /// adds (FlashAttention-2's way: 5 tile products instead of 7, plus a zeroed fp32 dQ buffer of
   /// batch · seq_q · heads_q · head_dim floats allocated per call) where that is the faster of the two
-  /// (head dims above 64; BackwardPlan::atomic_dq says which runs); the summation order then varies from
+  /// (head dims above 64, and not where the wgmma backward runs, whose two deterministic kernels are the
+  /// faster; BackwardPlan::atomic_dq says which runs); the summation order then varies from
   /// run to run, so dq may differ in its last bits. The other families are deterministic either way.
   bool deterministic = true;
 };

@@ -72,18 +72,19 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     forwards.emplace_back(p, r);
   }
   EXPECT_FALSE(forwards.empty()) << "no tensor-core forward family ran";
-  // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false).
+  // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false): by name of the FA2-layout
+  // family where the default takes the wgmma kernels (they are deterministic either way, the faster).
   kfa::AttentionOptions nondet = opts;
   nondet.deterministic = false;
-  const Run<T> atomic = run_path(s, q, k, v, d_o, nondet, kfa::TileProductPath::tensor_core);
+  nondet.path = kfa::TileProductPath::tensor_core;
+  const bool wgmma_bwd = kfa::plan_backward(Exec(), q, k, v, d_o, d_o, k, v, nondet).wgmma;
+  const Run<T> atomic = run_path(s, q, k, v, d_o, nondet,
+                                 wgmma_bwd ? kfa::TileProductPath::tensor_core_fa2 : kfa::TileProductPath::tensor_core);
   // The deterministic tensor-core backward again on the same inputs: bitwise the same gradients.
   const Run<T> again = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
   // Where that backward's kernels are the wgmma ones, the FA2-layout (or older) ones by name too.
-  kfa::AttentionOptions named_tc = opts;
-  named_tc.path = kfa::TileProductPath::tensor_core;
   std::vector<Run<T>> other_dkdv;
-  if (kfa::plan_backward(Exec(), q, k, v, d_o, tc.dq, tc.dk, tc.dv, named_tc).wgmma)
-    other_dkdv.push_back(run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_fa2));
+  if (wgmma_bwd) other_dkdv.push_back(run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core_fa2));
   std::vector<double> oref, lref, dqr, dkr, dvr;
   reference_forward64(s, ro, qh, kh, vh, oref, lref);
   reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
@@ -476,17 +477,22 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   const kfa::BackwardPlan nb = kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet);
   EXPECT_FALSE(b.atomic_dq) << b.region;
   EXPECT_EQ(nb.family, b.family);
-  EXPECT_EQ(nb.atomic_dq, b.family == P::tensor_core) << nb.region;
+  // (not where the wgmma backward runs: its two deterministic kernels are the faster)
+  EXPECT_EQ(nb.atomic_dq, b.family == P::tensor_core && !b.wgmma) << nb.region;
+  if (b.wgmma) EXPECT_TRUE(nb.wgmma) << nb.region;
   EXPECT_EQ(nb.region.find(",atomic_dq,") != std::string::npos, nb.atomic_dq) << nb.region;
   if (nb.family == P::tensor_core) {
     kfa::AttentionOptions fa2_path;  // the kernels below by name where automatic takes the wgmma ones
     fa2_path.path = P::tensor_core_fa2;
     const kfa::BackwardPlan bf = b.wgmma ? kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, fa2_path) : b;
     EXPECT_FALSE(bf.wgmma) << bf.region;
+    fa2_path.deterministic = false;
+    const kfa::BackwardPlan nbf = b.wgmma ? kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, fa2_path) : nb;
+    EXPECT_TRUE(nbf.atomic_dq) << nbf.region;  // d = 128: atomic dQ pays against the FA2-layout kernels
     // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where the device gives it its shared memory,
     // else the 16-keys-per-warp kernel; the plan names the tiles of the one that runs
-    for (const kfa::BackwardPlan* pl : {&bf, &nb}) {
-      const bool fused = pl == &nb;
+    for (const kfa::BackwardPlan* pl : {&bf, &nbf}) {
+      const bool fused = pl == &nbf;
       const bool fa2 = kfa::detail::tc_fa2_backward_runs(Exec(), d, fused);
       EXPECT_EQ(fa2, kfa::detail::native_smem_max(Exec()) >= (fused ? kfa::detail::Fa2BackwardShape<d, true>::dkdv_scratch
                                                                       : kfa::detail::Fa2BackwardShape<d, false>::dkdv_scratch));
@@ -506,7 +512,9 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     Tensor<T> q6("q", 1, 300, 2, 64), k6("k", 1, 300, 2, 64), v6("v", 1, 300, 2, 64), do6("do", 1, 300, 2, 64),
         dq6("dq", 1, 300, 2, 64), dk6("dk", 1, 300, 2, 64), dv6("dv", 1, 300, 2, 64);
     const kfa::BackwardPlan b6 = kfa::plan_backward(Exec(), q6, k6, v6, do6, dq6, dk6, dv6, nondet);
-    EXPECT_EQ(b6.atomic_dq, b6.family == P::tensor_core && !kfa::detail::fa2_dq_problem(Exec(), 64).empty()) << b6.region;
+    EXPECT_EQ(b6.atomic_dq, b6.family == P::tensor_core && !kfa::detail::fa2_dq_problem(Exec(), 64).empty() &&
+                                !b6.wgmma)
+        << b6.region;
   }
   nondet.path = P::portable;
   EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet).atomic_dq);

@@ -142,10 +142,13 @@ TileConfig tc_forward_tiles(std::size_t l0_max) {
 /// Whether deterministic = false fuses dQ into the dK/dV kernel with atomics at head dim d on `space`: not
 /// at d = 64 where the FA2-layout dQ kernel runs, because there the two-kernel backward (no atomics) was
 /// measured faster (H200, bf16, forward+backward 0.82-0.86x torch's flash against 0.75-0.81x with atomic
-/// dQ; perf/RESULTS.md, seventh session).
+/// dQ; perf/RESULTS.md, seventh session), and not where the wgmma backward runs (two kernels, no atomics):
+/// at d = 128 on the H200 forward+backward ran 236-296 TF/s with atomic dQ against 298-370 deterministic
+/// (perf/RESULTS.md, eleventh session). `wgmma_allowed`: opts.path lets the backward take the wgmma kernels.
 template <class ExecSpace>
-bool tc_atomic_dq_pays(const ExecSpace& space, int d) {
-  return d > 64 || !fa2_dq_problem(space, d).empty();
+bool tc_atomic_dq_pays(const ExecSpace& space, int d, bool wgmma_allowed) {
+  return (d > 64 || !fa2_dq_problem(space, d).empty()) &&
+         !(wgmma_allowed && wgmma_backward_problem(space, d, false).empty());
 }
 
 /// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused);
