@@ -176,7 +176,7 @@ ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, co
       tiles = fa2_forward_tiles(d, native_smem_max(space));
       break;
     case P::tensor_core_team: tiles = tc_forward_tiles(d, l0_max); break;
-    case P::tensor_core_wgmma: tiles = wgmma_forward_tiles(d, native_smem_max(space)); break;
+    case P::tensor_core_wgmma: tiles = wgmma_forward_tiles(d, opts.softcap > 0, native_smem_max(space)); break;
     case P::tensor_core_tf32x3: tiles = tf32_forward_tiles(d, native_smem_max(space)); break;
     case P::simt_fp32: tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max); break;
     default: {

@@ -196,7 +196,7 @@ std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, con
                                                        WgmmaForwardShape<128>::block_k, "forward");
     if (!why.empty()) return why;
   }
-  return wgmma_forward_problem(space, d);
+  return wgmma_forward_problem(space, d, opts.softcap > 0);
 }
 
 /// Tiles of a natively launched forward kernel from its shape (block_q, block_k, warps, smem).
@@ -210,9 +210,10 @@ TileConfig native_forward_tiles(std::size_t smem_max) {
   t.scratch_l0_max = smem_max;
   return t;
 }
-inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
-  return d == 64 ? native_forward_tiles<WgmmaForwardShape<64>>(smem_max)
-                 : native_forward_tiles<WgmmaForwardShape<128>>(smem_max);
+inline TileConfig wgmma_forward_tiles(int d, bool softcap, std::size_t smem_max) {
+  return d == 64                         ? native_forward_tiles<WgmmaForwardShape<64>>(smem_max)
+         : wgmma_ws_forward(d, softcap) ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
+                                        : native_forward_tiles<WgmmaForwardShape<128>>(smem_max);
 }
 
 /// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that

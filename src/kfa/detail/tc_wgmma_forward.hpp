@@ -46,6 +46,18 @@
 #define KFA_WGMMA_PV_OVERLAP 1
 #endif
 
+/// 1: at d = 128 without softcap the forward is warp-specialized (tc_wgmma_ws_forward_kernel): a producer
+/// warpgroup loads K/V tiles into KFA_WGMMA_WS_STAGES stages signalled by mbarriers, and the two consumer
+/// warpgroups take turns issuing their products (named barriers), so one's softmax overlaps the other's
+/// tensor-core work; 0: the two-warpgroup kernel, whose per-tile __syncthreads keeps both warpgroups in step.
+/// Build-time knobs for experiments.
+#ifndef KFA_WGMMA_WS
+#define KFA_WGMMA_WS 1
+#endif
+#ifndef KFA_WGMMA_WS_STAGES
+#define KFA_WGMMA_WS_STAGES 2
+#endif
+
 namespace kfa {
 namespace detail {
 
@@ -67,6 +79,24 @@ struct WgmmaForwardShape {
   /// period (d = 64: 49 KB, d = 128: 161 KB).
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * D * 2 + 1024;
 };
+
+/// The warp-specialized forward (d = 128, no softcap): warpgroups 0 and 1 compute 64 query rows each as in
+/// WgmmaForwardShape, warpgroup 2 only loads; K/V stages of 128 keys and three mbarriers' words per stage.
+template <int D>
+struct WgmmaWsForwardShape {
+  static constexpr int warps = 12;
+  static constexpr int min_blocks = 1;
+  static constexpr int block_q = 128;
+  static constexpr int block_k = 128;
+  static constexpr int stages = KFA_WGMMA_WS_STAGES;
+  static_assert(D == 128 && stages >= 2, "d = 128; at least double-buffered");
+  static constexpr std::size_t tile_bytes = static_cast<std::size_t>(block_q + 2 * stages * block_k) * D * 2;
+  /// the tiles, 1 KB of alignment slack and the mbarriers (Q, then full and empty per stage)
+  static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
+};
+
+/// Whether the forward of head dim d (softcap or not) runs the warp-specialized kernel.
+inline bool wgmma_ws_forward(int d, bool softcap) { return KFA_WGMMA_WS != 0 && d == 128 && !softcap; }
 
 #if KFA_HAS_TENSOR_CORES
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -202,6 +232,48 @@ __device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, const std::ui
     cp_async16(d + static_cast<std::uint32_t>(it * dr * 128), ok ? p : src, ok);
     p += dr * stride;
   }
+}
+
+/// mbarriers (shared memory, 8 bytes each) and named barriers for the warp-specialized kernel.
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/// Waits until the phase of parity `phase` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, unsigned phase) {
+  asm volatile(
+      "{\n.reg .pred p;\nKFA_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra KFA_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/// The barrier's arrival of this thread once all its earlier cp.async have landed (counted in its init).
+__device__ __forceinline__ void cp_async_mbar_arrive(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+template <int ID>
+__device__ __forceinline__ void named_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+template <int ID>
+__device__ __forceinline__ void named_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+/// Waits for the most recent wgmma group but `n` of this warpgroup.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 }  // namespace tc
 #else
@@ -382,6 +454,229 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
 #endif
 }
 
+/// The warp-specialized wgmma forward (FlashAttention-3's structure without TMA), d = 128 without softcap.
+/// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg), loads Q and then every K/V tile with
+///   cp.async into stage t mod STAGES, each thread's copies arriving on the stage's "full" mbarrier when they
+///   land; before refilling a stage it waits on its "empty" mbarrier.
+/// - Warpgroups 0 and 1 compute as in tc_wgmma_forward_kernel (64 rows each), with no block-wide barrier:
+///   each waits on the stage's full barrier, issues S_t = Q·K_tᵀ and then O += P_{t-1}·V_{t-1} in its turn
+///   (named barriers 1 and 2 alternate the turns, so one warpgroup's softmax runs while the other's products
+///   do), waits for S_t, computes the softmax of tile t in place, waits for O += P_{t-1}·V_{t-1}, arrives on
+///   stage t - 1's empty barrier, rescales O and packs P_t.
+template <int D, class T, class OutT>
+__global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
+    tc_wgmma_ws_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
+#if KFA_WGMMA_DEVICE
+  using Shape = WgmmaWsForwardShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const float ninf = -compat::infinity<float>();
+  const KeyMask& mask = a.mask;
+
+  const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
+  const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
+  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+  const std::uint32_t bars = qs + static_cast<std::uint32_t>(Shape::tile_bytes);
+  const std::uint32_t q_full = bars;
+  auto full = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + st); };
+  auto empty = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); };
+  if (threadIdx.x == 0) {
+    tc::mbar_init(q_full, NP);
+    for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), NP), tc::mbar_init(empty(st), 256);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the last block-wide barrier: the producer leaves early
+
+  const int j_begin = static_cast<int>(mask.key_begin(i0));  // seq_k < 2^31 - 256 (wgmma_forward_why_not)
+  const int j_end = static_cast<int>(mask.key_end(i0 + rows));
+
+  if (wg == 2) {  // the producer
+    tc::setmaxnreg_dec<24>();
+    const int tid = threadIdx.x - 256;
+    tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
+                                   a.q_s[1], rows, tid);
+    tc::cp_async_mbar_arrive(q_full);
+    const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+    const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+    const long kstride = a.k_s[1], vstride = a.v_s[1];
+    int st = 0;
+    unsigned use = 0;  // how many times stage st was filled before
+    for (int j0 = j_begin; j0 < j_end; j0 += BC) {
+      if (use > 0) tc::mbar_wait(empty(st), (use - 1) & 1);
+      const int cols = j_end - j0 < BC ? j_end - j0 : BC;
+      const std::uint32_t kd = ks0 + st * stage_bytes;
+      tc::load_tile_sw128<D, BC, NP>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
+      tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
+      tc::cp_async_mbar_arrive(full(st));
+      if (++st == ST) st = 0, ++use;
+    }
+    tc::cp_async_wait_all();
+    return;
+  }
+
+  tc::setmaxnreg_inc<240>();
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
+  const float c = a.scale * tc::log2e;
+  constexpr bool kLazyRescale = KFA_FA2_LAZY_RESCALE != 0;
+  constexpr float kStale = 8.f * 0.6931471805599453f;
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
+  float s[BC / 8][4];
+  std::uint32_t pa[BC / 16][4];
+  // The softmax of tile t in place in s (softcap none, masks, running max, exponentials, row sums); returns
+  // whether O is to be rescaled, by f.
+  auto softmax = [&](int j0, float (&f)[2]) {
+    const int cols = j_end - j0 < BC ? j_end - j0 : BC;
+    tc::softcap_and_mask_rows<BC, false>(s, mask, i0, rows, j0, cols, wr0 + g, t4, 0.f, 0.f);
+    float tmax[2] = {ninf, ninf};
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+    float tm[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float t = tc::quad_max(tmax[r]);
+      tm[r] = t == ninf ? ninf : t * a.scale;
+      grow |= tm[r] > m[r] + kStale;
+    }
+    const bool rescale = !kLazyRescale || __any_sync(0xffffffffu, grow);
+    if (rescale) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const MergeFactors<float> mf = merge_factors(m[r], tm[r]);
+        m[r] = mf.m;
+        l[r] *= mf.scale_a;
+        f[r] = mf.scale_a;
+      }
+    }
+    float mc[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      s[n][0] = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
+      s[n][1] = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
+      s[n][2] = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
+      s[n][3] = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
+      l[0] += s[n][0] + s[n][1];
+      l[1] += s[n][2] + s[n][3];
+    }
+    return rescale;
+  };
+  // O *= f where the softmax asked, then P packed to the A fragments of O += P·V.
+  auto rescale_and_pack = [&](bool rescale, const float (&f)[2]) {
+    if (rescale) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][0] *= f[0];
+        acc[n][1] *= f[0];
+        acc[n][2] *= f[1];
+        acc[n][3] *= f[1];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(s[n][0], s[n][1]);
+      pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(s[n][2], s[n][3]);
+    }
+  };
+  // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ from it.
+  auto issue_s = [&](int st, unsigned use) {
+    tc::mbar_wait(full(st), use & 1);
+    tc::fence_proxy_async();  // the producer's cp.async writes, seen through the barrier, before wgmma reads
+    const std::uint32_t kst = ks0 + st * stage_bytes;
+    if (wg == 0)
+      tc::named_sync<1>(256);
+    else
+      tc::named_sync<2>(256);
+    tc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
+    }
+    tc::wgmma_commit();
+  };
+  auto issue_pv = [&](int st) {
+    const std::uint32_t vst = ks0 + st * stage_bytes + kv_bytes;
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+    tc::wgmma_commit();
+  };
+  auto hand_over = [&] {  // the other warpgroup's turn
+    if (wg == 0)
+      tc::named_arrive<2>(256);
+    else
+      tc::named_arrive<1>(256);
+  };
+
+  tc::mbar_wait(q_full, 0);
+  if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
+  if (j_begin < j_end) {
+    issue_s(0, 0);
+    hand_over();
+    tc::wgmma_wait<0>();
+    tc::wgmma_hold(s);
+    float f0[2] = {1.f, 1.f};
+    rescale_and_pack(softmax(j_begin, f0), f0);
+    int prev = 0, st = 1;  // tile t is in stage t mod ST, its (t / ST)-th use
+    unsigned use = 0;
+    for (int j0 = j_begin + BC; j0 < j_end; j0 += BC) {
+      issue_s(st, use);
+      issue_pv(prev);
+      hand_over();
+      tc::wgmma_wait<1>();  // S_t; O += P_{t-1}·V_{t-1} may still run
+      tc::wgmma_hold(s);
+      float f[2] = {1.f, 1.f};
+      const bool rescale = softmax(j0, f);
+      tc::wgmma_wait<0>();  // O += P_{t-1}·V_{t-1}: its stage is free, acc and pa may be written
+      tc::wgmma_hold(acc);
+      tc::mbar_arrive(empty(prev));
+      rescale_and_pack(rescale, f);
+      prev = st;
+      if (++st == ST) st = 0, ++use;
+    }
+    tc::wgmma_fence();
+    issue_pv(prev);
+    tc::wgmma_wait<0>();
+    tc::wgmma_hold(acc);
+  }
+  if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
+
+  OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
+  float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
+  float lsum[2], inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lsum[r] = tc::quad_sum(l[r]);
+    inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+  }
+  const int r0 = wr0 + g, r1 = r0 + 8;
+  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
+                         r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
+  if (t4 == 0) {
+    if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
+    if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
+  }
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+}
+
 /// Whether the device of `space` runs this build's sm_90a image of kfa's kernels: a build for sm_90 and
 /// sm_90a carries both images and the CUDA runtime picks one per device, so this launches a probe once
 /// per device (synchronizing `space` that once) and remembers the answer.
@@ -439,14 +734,16 @@ std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const
   return "it is a Kokkos::Cuda kernel for sm_90a";
 }
 
-/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): head dim 64 or 128,
-/// then wgmma_device_problem.
+/// Why the wgmma forward cannot run head dim d (with softcap or not) on this space's device ("" when it can):
+/// head dim 64 or 128, then wgmma_device_problem.
 template <class ExecSpace>
-std::string wgmma_forward_problem(const ExecSpace& space, int d) {
+std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
   if (!wgmma_head_dim_supported(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
-  const std::size_t smem = d == 64 ? WgmmaForwardShape<64>::smem : WgmmaForwardShape<128>::smem;
+  const std::size_t smem = d == 64                         ? WgmmaForwardShape<64>::smem
+                           : wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem
+                                                          : WgmmaForwardShape<128>::smem;
   return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
@@ -456,6 +753,14 @@ void wgmma_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k,
                             const LV& lse, float scale, float softcap, const KeyMask& mask) {
   using T = typename QV::non_const_value_type;
   using OutT = typename OV::non_const_value_type;
+  if constexpr (D == 128 && !Softcap) {
+    if (wgmma_ws_forward(D, Softcap)) {
+      native_forward_launch<WgmmaWsForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
+                                                           &tc_wgmma_ws_forward_kernel<D, T, OutT>, q, k, v, o, lse,
+                                                           scale, softcap, mask);
+      return;
+    }
+  }
   native_forward_launch<WgmmaForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
                                                      &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, q, k, v, o, lse,
                                                      scale, softcap, mask);
