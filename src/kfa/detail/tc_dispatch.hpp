@@ -190,10 +190,13 @@ std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, con
   if (seq_k > 2147483647L - 256)
     return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
   if (wgmma_head_dim_supported(d)) {
-    const std::string why = d == 64 ? tc_block_problem(opts, WgmmaForwardShape<64>::block_q,
-                                                       WgmmaForwardShape<64>::block_k, "forward")
-                                    : tc_block_problem(opts, WgmmaForwardShape<128>::block_q,
-                                                       WgmmaForwardShape<128>::block_k, "forward");
+    static_assert(WgmmaForwardShape<64>::block_q == 128 && WgmmaForwardShape<128>::block_q == 128 &&
+                      WgmmaWsForwardShape<64>::block_q == 128 && WgmmaWsForwardShape<128>::block_q == 128,
+                  "128 query rows per block in every wgmma forward");
+    const int block_k = wgmma_ws_forward(d, opts.softcap > 0) ? WgmmaWsForwardShape<128>::block_k
+                        : d == 64                             ? WgmmaForwardShape<64>::block_k
+                                                              : WgmmaForwardShape<128>::block_k;
+    const std::string why = tc_block_problem(opts, 128, block_k, "forward");
     if (!why.empty()) return why;
   }
   return wgmma_forward_problem(space, d, opts.softcap > 0);
@@ -211,9 +214,11 @@ TileConfig native_forward_tiles(std::size_t smem_max) {
   return t;
 }
 inline TileConfig wgmma_forward_tiles(int d, bool softcap, std::size_t smem_max) {
-  return d == 64                         ? native_forward_tiles<WgmmaForwardShape<64>>(smem_max)
-         : wgmma_ws_forward(d, softcap) ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
-                                        : native_forward_tiles<WgmmaForwardShape<128>>(smem_max);
+  const bool ws = wgmma_ws_forward(d, softcap);
+  return d == 64 ? (ws ? native_forward_tiles<WgmmaWsForwardShape<64>>(smem_max)
+                       : native_forward_tiles<WgmmaForwardShape<64>>(smem_max))
+                 : (ws ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
+                       : native_forward_tiles<WgmmaForwardShape<128>>(smem_max));
 }
 
 /// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that

@@ -269,13 +269,15 @@ struct TcWgmmaDkDvKernel {
 };
 #endif  // KFA_HAS_TENSOR_CORES
 
-/// Keys per K/V tile of the wgmma dQ kernel (wgmma's n of S = Q·Kᵀ and dP = dO·Vᵀ; 64 or 128).
+/// Keys per K/V tile of the wgmma dQ kernel (wgmma's n of S = Q·Kᵀ and dP = dO·Vᵀ; 64 or 128). 128 measured
+/// +2-6% at d 64 and +0-3% at d 128 over 64 in the forward + backward (H200, kfa vs kfa in one call, s11call6;
+/// perf/RESULTS.md), spill-free. Build-time knob for experiments.
 #ifndef KFA_WGMMA_DQ_BLOCK_K
-#define KFA_WGMMA_DQ_BLOCK_K 64
+#define KFA_WGMMA_DQ_BLOCK_K 128
 #endif
 
 /// Tiles of the wgmma dQ kernel: two warpgroups × 64 query rows; Q and dO, two stages of K and V (16-bit,
-/// unpadded), 1 KB to align the tiles to the swizzle's period (d = 64: 65 KB, d = 128: 129 KB).
+/// unpadded), 1 KB to align the tiles to the swizzle's period (128-key tiles: d = 64 97 KB, d = 128 193 KB).
 template <int D>
 struct WgmmaDqShape {
   static constexpr int warps = 8;

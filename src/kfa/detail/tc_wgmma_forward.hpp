@@ -14,6 +14,8 @@
 ///   d = 128 row is two panels. Q is loaded once; K and V tiles of BC keys are double-buffered with cp.async.
 /// - The scores' softcap, mask and online softmax (lazy rescaling, base 2) are those of the FA2-layout
 ///   kernel, per warp on its 16 rows; the accumulators have the m16n8 C layout per warp.
+/// - At d = 128 without softcap, tc_wgmma_ws_forward_kernel runs instead: the same two warpgroups plus a
+///   producer warpgroup that does all the loads (warp specialization; see its comment).
 ///
 /// Needs the translation unit compiled for sm_90a too (`-gencode=arch=compute_90a,code=sm_90a`, which kfa's
 /// own build adds with KFA_ENABLE_SM90A); every other image has a trapping body. A binary may carry both an
@@ -50,12 +52,24 @@
 /// warpgroup loads K/V tiles into KFA_WGMMA_WS_STAGES stages signalled by mbarriers, and the two consumer
 /// warpgroups take turns issuing their products (named barriers), so one's softmax overlaps the other's
 /// tensor-core work; 0: the two-warpgroup kernel, whose per-tile __syncthreads keeps both warpgroups in step.
-/// Build-time knobs for experiments.
+/// Stages (128 keys of K and V each, 64 KB at d = 128): 3 ran 1.41-1.52x the two-warpgroup kernel and 1.35-1.50x
+/// 2 stages (bf16, N 4096-16384, causal or not, kfa vs kfa in one call, s12call2; perf/RESULTS.md); with 2 the
+/// producer can refill a stage only once O += P·V of its tile is done, one tile ahead. 3 stages need 225 KB,
+/// which every compute capability 9.0 device has. Build-time knobs for experiments.
 #ifndef KFA_WGMMA_WS
 #define KFA_WGMMA_WS 1
 #endif
 #ifndef KFA_WGMMA_WS_STAGES
-#define KFA_WGMMA_WS_STAGES 2
+#define KFA_WGMMA_WS_STAGES 3
+#endif
+/// The same kernel at d = 64 (128-key tiles, 4 stages, 145 KB, one block per SM): 1.03-1.12x the two-warpgroup
+/// kernel at two blocks per SM with 64-key tiles (bf16, N 4096-16384, causal or not, kfa vs kfa in one call,
+/// s12call4; perf/RESULTS.md). 0: that kernel.
+#ifndef KFA_WGMMA_WS_D64
+#define KFA_WGMMA_WS_D64 1
+#endif
+#ifndef KFA_WGMMA_WS_D64_STAGES
+#define KFA_WGMMA_WS_D64_STAGES 4
 #endif
 
 namespace kfa {
@@ -80,23 +94,25 @@ struct WgmmaForwardShape {
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * D * 2 + 1024;
 };
 
-/// The warp-specialized forward (d = 128, no softcap): warpgroups 0 and 1 compute 64 query rows each as in
-/// WgmmaForwardShape, warpgroup 2 only loads; K/V stages of 128 keys and three mbarriers' words per stage.
+/// The warp-specialized forward (no softcap; d = 128, and d = 64 by a knob): warpgroups 0 and 1 compute 64
+/// query rows each as in WgmmaForwardShape, warpgroup 2 only loads; K/V stages of 128 keys.
 template <int D>
 struct WgmmaWsForwardShape {
   static constexpr int warps = 12;
   static constexpr int min_blocks = 1;
   static constexpr int block_q = 128;
   static constexpr int block_k = 128;
-  static constexpr int stages = KFA_WGMMA_WS_STAGES;
-  static_assert(D == 128 && stages >= 2, "d = 128; at least double-buffered");
+  static constexpr int stages = D == 128 ? KFA_WGMMA_WS_STAGES : KFA_WGMMA_WS_D64_STAGES;
+  static_assert((D == 64 || D == 128) && stages >= 2, "d = 64 or 128; at least double-buffered");
   static constexpr std::size_t tile_bytes = static_cast<std::size_t>(block_q + 2 * stages * block_k) * D * 2;
   /// the tiles, 1 KB of alignment slack and the mbarriers (Q, then full and empty per stage)
   static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
 };
 
 /// Whether the forward of head dim d (softcap or not) runs the warp-specialized kernel.
-inline bool wgmma_ws_forward(int d, bool softcap) { return KFA_WGMMA_WS != 0 && d == 128 && !softcap; }
+inline bool wgmma_ws_forward(int d, bool softcap) {
+  return !softcap && ((KFA_WGMMA_WS != 0 && d == 128) || (KFA_WGMMA_WS_D64 != 0 && d == 64));
+}
 
 #if KFA_HAS_TENSOR_CORES
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -454,7 +470,8 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
 #endif
 }
 
-/// The warp-specialized wgmma forward (FlashAttention-3's structure without TMA), d = 128 without softcap.
+/// The warp-specialized wgmma forward (FlashAttention-3's structure without TMA), no softcap (d = 128; d = 64
+/// with KFA_WGMMA_WS_D64).
 /// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg), loads Q and then every K/V tile with
 ///   cp.async into stage t mod STAGES, each thread's copies arriving on the stage's "full" mbarrier when they
 ///   land; before refilling a stage it waits on its "empty" mbarrier.
@@ -741,9 +758,10 @@ std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
   if (!wgmma_head_dim_supported(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
-  const std::size_t smem = d == 64                         ? WgmmaForwardShape<64>::smem
-                           : wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem
-                                                          : WgmmaForwardShape<128>::smem;
+  const std::size_t smem = d == 64 ? (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<64>::smem
+                                                                   : WgmmaForwardShape<64>::smem)
+                                   : (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem
+                                                                   : WgmmaForwardShape<128>::smem);
   return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
@@ -753,7 +771,7 @@ void wgmma_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k,
                             const LV& lse, float scale, float softcap, const KeyMask& mask) {
   using T = typename QV::non_const_value_type;
   using OutT = typename OV::non_const_value_type;
-  if constexpr (D == 128 && !Softcap) {
+  if constexpr (!Softcap) {
     if (wgmma_ws_forward(D, Softcap)) {
       native_forward_launch<WgmmaWsForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
                                                            &tc_wgmma_ws_forward_kernel<D, T, OutT>, q, k, v, o, lse,
