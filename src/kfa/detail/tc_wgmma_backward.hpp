@@ -5,8 +5,8 @@
 /// asynchronous 64 × N × 16 instruction reading shared memory through descriptors (tc_wgmma_forward.hpp).
 ///
 /// dK/dV, per block: two warpgroups (8 warps), BK = 128 owned keys, 64 per warpgroup and 16 per warp; K and V stay
-/// in shared memory; query tiles of BQ = 64 rows of every query head of the group stream through two stages
-/// (Q, dO with cp.async, and the rows' lse and D). A step, per warpgroup:
+/// in shared memory; query tiles of BQ = 64 rows of every query head of the group stream through
+/// KFA_WGMMA_BWD_STAGES stages (Q, dO with cp.async, and the rows' lse and D). A step, per warpgroup:
 ///   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   m64n64k16, both operands from shared memory (K-major, as S = Q·Kᵀ in the
 ///                               forward), issued together and waited for once;
 ///   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ softcap'), in registers, then packed to
@@ -37,22 +37,79 @@
 #define KFA_WGMMA_BWD 1
 #endif
 
+/// Stages of Q/dO tiles in the wgmma dK/dV kernel (2..4): loads of step t + stages − 1 are issued at step t.
+#ifndef KFA_WGMMA_BWD_STAGES
+#define KFA_WGMMA_BWD_STAGES 3
+#endif
+
+/// 1: the two warpgroups of the wgmma dK/dV and dQ kernels issue their products in turn (FlashAttention-3's
+/// ping-pong): warpgroup 0's first products, then 1's, then 0's second, then 1's, so that each one's
+/// softmax-like pass runs while the other's products are on the tensor cores (named barriers 1 and 2).
+#ifndef KFA_WGMMA_BWD_PINGPONG
+#define KFA_WGMMA_BWD_PINGPONG 1
+#endif
+
 namespace kfa {
 namespace detail {
 
-/// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], two stages of Q and dO [BQ][D] (16-bit,
-/// unpadded), two stages of the rows' lse and D (fp32), and 1 KB to align the tiles to the swizzle's period
-/// (d = 64: 66 KB, d = 128: 130 KB).
+#if KFA_HAS_TENSOR_CORES && KFA_WGMMA_DEVICE
+namespace tc {
+/// The ping-pong's turns (no-ops when KFA_WGMMA_BWD_PINGPONG is 0). Per step, in this order:
+/// before_first: warpgroup 1 waits for 0 to have issued its first products; after_first: each lets the other
+/// go on (0 → 1's first, 1 → 0's second); before_second: each waits for the other's products issued before;
+/// after_second: 0 lets 1 issue its second. Barrier 1 counts 0's arrivals and 1's waits, barrier 2 the
+/// reverse: two uses of 1 and one of 2 per step, balanced.
+__device__ __forceinline__ void pingpong_before_first(int wg) {
+#if KFA_WGMMA_BWD_PINGPONG
+  if (wg == 1) named_sync<1>(256);
+#else
+  (void)wg;
+#endif
+}
+__device__ __forceinline__ void pingpong_after_first(int wg) {
+#if KFA_WGMMA_BWD_PINGPONG
+  if (wg == 0)
+    named_arrive<1>(256);
+  else
+    named_arrive<2>(256);
+#else
+  (void)wg;
+#endif
+}
+__device__ __forceinline__ void pingpong_before_second(int wg) {
+#if KFA_WGMMA_BWD_PINGPONG
+  if (wg == 0)
+    named_sync<2>(256);
+  else
+    named_sync<1>(256);
+#else
+  (void)wg;
+#endif
+}
+__device__ __forceinline__ void pingpong_after_second(int wg) {
+#if KFA_WGMMA_BWD_PINGPONG
+  if (wg == 0) named_arrive<1>(256);
+#else
+  (void)wg;
+#endif
+}
+}  // namespace tc
+#endif
+
+/// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], `stages` stages of Q and dO [BQ][D]
+/// (16-bit, unpadded) and of the rows' lse and D (fp32), and 1 KB to align the tiles to the swizzle's period
+/// (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or 32.5 KB).
 template <int D>
 struct WgmmaBackwardShape {
   static constexpr int warps = 8;      // two warpgroups
   static constexpr int block_k = 128;  // owned keys, 64 per warpgroup
   static constexpr int block_q = 64;   // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
-  static constexpr int stages = 2;
+  static constexpr int stages = KFA_WGMMA_BWD_STAGES;
   static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;  // one Q or dO tile
   static constexpr std::size_t smem =
       2u * block_k * D * 2 + stages * 2u * tile_q + stages * 2u * block_q * 4 + 1024;
   static_assert(D % 64 == 0 && D <= 128, "64-element panels; wgmma's n of dV and dK is D");
+  static_assert(stages >= 2 && stages <= 4, "KFA_WGMMA_BWD_STAGES: 2 to 4");
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -61,6 +118,7 @@ struct TcWgmmaDkDvKernel {
   using T = typename QV::non_const_value_type;
   using Shape = WgmmaBackwardShape<D>;
   static constexpr int WARPS = Shape::warps, BK = Shape::block_k, BQ = Shape::block_q, NTH = 32 * WARPS;
+  static constexpr int ST = Shape::stages;
   static constexpr int MIN_BLOCKS = 1;
 
   QV q;
@@ -99,7 +157,7 @@ struct TcWgmmaDkDvKernel {
     const std::uint32_t base = tc::smem_addr(smem);
     const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + BK * D * 2, stage0 = vs + BK * D * 2;
     constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
-    float* rows_s = reinterpret_cast<float*>(smem + (stage0 + 2 * 2 * tile_q - base));
+    float* rows_s = reinterpret_cast<float*>(smem + (stage0 + ST * 2 * tile_q - base));
 
     const long qb0 = mask.query_begin(k0);
     const long qb1 = mask.query_end(k0 + keys, seq_q);
@@ -108,8 +166,9 @@ struct TcWgmmaDkDvKernel {
     const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
     const auto* qbase = q.data() + b * q.stride(0) + static_cast<long>(hk) * group * q.stride(2);
     const auto* dobase = d_o.data() + b * d_o.stride(0) + static_cast<long>(hk) * group * d_o.stride(2);
-    // Steps run over the visible query tiles (fastest) of each query head of the group.
-    auto issue = [&](int qt, int gh, int st) {
+    // Steps run over the visible query tiles (fastest) of each query head of the group: step = gh·n_qt + qt.
+    auto issue = [&](int step, int st) {
+      const int qt = step % n_qt, gh = step / n_qt;
       const long i = qb0 + static_cast<long>(qt) * BQ;
       const int rows = static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
       const std::uint32_t qd = stage0 + st * 2 * tile_q;
@@ -120,7 +179,8 @@ struct TcWgmmaDkDvKernel {
           rows, tid);
     };
     // Row tid's lse·log2(e) and D of a step (rows past the visible ones: +inf and 0, so Pᵀ = 0 there).
-    auto row_values = [&](int qt, int gh, float& l2, float& d) {
+    auto row_values = [&](int step, float& l2, float& d) {
+      const int qt = step % n_qt, gh = step / n_qt;
       const long i = qb0 + static_cast<long>(qt) * BQ + tid;
       const int hq = hk * group + gh;
       const bool in = tid < BQ && i < qb1;
@@ -134,10 +194,16 @@ struct TcWgmmaDkDvKernel {
       tc::load_tile_sw128<D, BK, NTH>(
           vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
           static_cast<long>(v.stride(1)), keys, tid);
-      issue(0, 0, 0);
-      if (tid < BQ) row_values(0, 0, rows_s[tid], rows_s[BQ + tid]);
     }
-    tc::cp_async_commit();
+    // Steps 0 .. ST − 2 in flight, one commit group each (K and V ride with step 0's).
+#pragma unroll
+    for (int s0 = 0; s0 < ST - 1; ++s0) {
+      if (s0 < steps) {
+        issue(s0, s0);
+        if (tid < BQ) row_values(s0, rows_s[s0 * 2 * BQ + tid], rows_s[s0 * 2 * BQ + BQ + tid]);
+      }
+      tc::cp_async_commit();
+    }
 
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
@@ -154,20 +220,20 @@ struct TcWgmmaDkDvKernel {
     const int kr0 = wg * 64 + (warp & 3) * 16 + g;
     const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(wg * 64 * 128), v_wg = k_wg + BK * D * 2;
 
-    int qt = 0, gh = 0;
+    int qt = 0, st = 0;
     for (int step = 0; step < steps; ++step) {
       const long i0 = qb0 + static_cast<long>(qt) * BQ;
       const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
-      const int st = step & 1;
-      const bool next = step + 1 < steps;
+      // Step + ST − 1 goes into the stage step − 1 used (every warp left it at the previous step's end).
+      const bool next = step + ST - 1 < steps;
+      const int nst = st == 0 ? ST - 1 : st - 1;
       float next_l2 = 0.f, next_d = 0.f;
       if (next) {
-        const int nqt = qt + 1 < n_qt ? qt + 1 : 0, ngh = qt + 1 < n_qt ? gh : gh + 1;
-        issue(nqt, ngh, st ^ 1);
-        row_values(nqt, ngh, next_l2, next_d);
+        issue(step + ST - 1, nst);
+        row_values(step + ST - 1, next_l2, next_d);
       }
       tc::cp_async_commit();
-      tc::cp_async_wait_1();  // all but the group just issued
+      tc::cp_async_wait<ST - 1>();  // all but the ST − 1 groups after this step's
       tc::fence_proxy_async();
       __syncthreads();  // this step's Q and dO (and K, V), lse and D are in
       const std::uint32_t qs = stage0 + st * 2 * tile_q, dos = qs + tile_q;
@@ -176,6 +242,7 @@ struct TcWgmmaDkDvKernel {
 
       // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major steps of 16 elements advance 32 B inside a 128-byte panel row,
       // every 4 steps a panel.
+      tc::pingpong_before_first(wg);
       tc::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -190,6 +257,7 @@ struct TcWgmmaDkDvKernel {
                             tc::wgmma_desc(dos + panel * BQ * 128 + in_row, 16, 1024), kk);
       }
       tc::wgmma_commit();
+      tc::pingpong_after_first(wg);
       tc::wgmma_wait_all();
       tc::wgmma_hold(s);
       tc::wgmma_hold(dp);
@@ -234,6 +302,7 @@ struct TcWgmmaDkDvKernel {
 
       // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
       // dimension): 16 query rows per step, 64-element panels BQ rows apart.
+      tc::pingpong_before_second(wg);
       tc::wgmma_fence();  // pa and da were written by ordinary instructions
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk)
@@ -242,15 +311,17 @@ struct TcWgmmaDkDvKernel {
       for (int kk = 0; kk < BQ / 16; ++kk)
         tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
       tc::wgmma_commit();
+      tc::pingpong_after_second(wg);
       tc::wgmma_wait_all();
       tc::wgmma_hold(dva);
       tc::wgmma_hold(dka);
-      if (next && tid < BQ) {  // stage st ^ 1's rows were last read in the previous step
-        float* nr = rows_s + (st ^ 1) * 2 * BQ;
+      if (next && tid < BQ) {  // stage nst's rows were last read in the previous step
+        float* nr = rows_s + nst * 2 * BQ;
         nr[tid] = next_l2, nr[BQ + tid] = next_d;
       }
-      __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's rows are in
-      if (++qt == n_qt) qt = 0, ++gh;
+      __syncthreads();  // every warp is done with this stage before it is refilled; step + ST − 1's rows are in
+      if (++qt == n_qt) qt = 0;
+      if (++st == ST) st = 0;
     }
     tc::cp_async_wait_all();
 
@@ -360,6 +431,7 @@ __global__ void __launch_bounds__(32 * WgmmaDqShape<D>::warps, 1)
     const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
 
     // S = Q·Kᵀ and dP = dO·Vᵀ (K-major steps of 16 elements: 32 B inside a panel row, every 4 a panel).
+    tc::pingpong_before_first(wg);
     tc::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -374,6 +446,7 @@ __global__ void __launch_bounds__(32 * WgmmaDqShape<D>::warps, 1)
                           tc::wgmma_desc(vst + panel * BC * 128 + in_row, 16, 1024), kk);
     }
     tc::wgmma_commit();
+    tc::pingpong_after_first(wg);
     tc::wgmma_wait_all();
     tc::wgmma_hold(s);
     tc::wgmma_hold(dp);
@@ -414,11 +487,13 @@ __global__ void __launch_bounds__(32 * WgmmaDqShape<D>::warps, 1)
       ds_pass(std::false_type{});
 
     // dQ += dS·K: B = the K tile read transposed (keys are the instruction's K dimension).
+    tc::pingpong_before_second(wg);
     tc::wgmma_fence();  // da was written by ordinary instructions
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
       tc::wgmma_rs<D, T>(acc, da[kk], tc::wgmma_desc(kst + kk * 16 * 128, BC * 128, 1024));
     tc::wgmma_commit();
+    tc::pingpong_after_second(wg);
     tc::wgmma_wait_all();
     tc::wgmma_hold(acc);
     __syncthreads();  // both warpgroups are done with this stage before the next iteration refills it
