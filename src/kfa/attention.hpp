@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 namespace kfa {
@@ -120,76 +121,235 @@ struct ForwardPlan {
 };
 
 namespace detail {
-/// The one place the forward's family is chosen: each family says why it cannot run these inputs ("" when
-/// it can); opts.path picks among those that can, in the order wgmma, fa2, team, tf32x3, simt, portable.
+/// What a forward family looks at to decide whether it can run a call, size its tiles and launch it.
 template <class ExecSpace, class QV, class KV, class VV, class OV>
-ForwardPlan forward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
-                         const AttentionOptions& opts) {
+struct ForwardCall {
+  using exec_space = ExecSpace;
+  using q_type = QV;
+  using k_type = KV;
+  using v_type = VV;
+  using o_type = OV;
   using T = typename QV::non_const_value_type;
+  const ExecSpace& space;
+  const QV& q;
+  const KV& k;
+  const VV& v;
+  const OV& o;
+  const AttentionOptions& opts;
+  int d;
+  long seq_k;
+  std::string views_why;  ///< why the tensor-core kernels cannot read or write these views ("" when they can)
+  ForwardCall(const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const OV& o_, const AttentionOptions& op)
+      : space(s), q(q_), k(k_), v(v_), o(o_), opts(op), d(static_cast<int>(q_.extent(3))),
+        seq_k(static_cast<long>(k_.extent(1))) {
+    tc_add_forward_view_problems(views_why, q, k, v, o);
+  }
+  /// The tensor-core families' common problem: the space and element type, the head dim, the views.
+  std::string tc_problem(bool fa2_head_dims) const {
+    std::string why = tc_space_problem<ExecSpace, T>(space, d, fa2_head_dims);
+    return why.empty() ? views_why : why;
+  }
+};
+
+/// The forward's kernel families, in the order `automatic` tries them. Each one says why it cannot run a
+/// call ("" when it can), its tiles, and launches it; `tensor_core` marks the ones opts.path = tensor_core may
+/// pick (the 16-bit tensor-core families).
+struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (tc_wgmma_forward.hpp)
+  static constexpr TileProductPath path = TileProductPath::tensor_core_wgmma;
+  static constexpr bool tensor_core = true;
+  template <class C>
+  static std::string why_not(const C& c) {
+    const std::string why = c.tc_problem(false);  // wgmma_forward_why_not may probe the device: asked last
+    return why.empty() ? wgmma_forward_why_not(c.space, c.d, c.seq_k, c.opts) : why;
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    return wgmma_forward_tiles(c.d, c.opts.softcap > 0, native_smem_max(c.space));
+  }
+  template <class C, class LV>
+  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
+      wgmma_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+#endif
+    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+  }
+};
+struct Fa2ForwardFamily {  // sm_80+: mma.sync in FlashAttention-2's layout, native launch (tc_fa2_forward.hpp)
+  static constexpr TileProductPath path = TileProductPath::tensor_core_fa2;
+  static constexpr bool tensor_core = true;
+  template <class C>
+  static std::string why_not(const C& c) {
+    const std::string why = c.tc_problem(true);  // the FA2-layout kernels also have d = 256
+    return why.empty() ? fa2_forward_why_not(c.space, c.d, c.seq_k, c.opts) : why;
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    return fa2_forward_tiles(c.d, native_smem_max(c.space));
+  }
+  template <class C, class LV>
+  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
+      fa2_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+#endif
+    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+  }
+};
+struct TeamForwardFamily {  // sm_80+: mma.sync, a Kokkos team per 64 query rows (tc_forward.hpp)
+  static constexpr TileProductPath path = TileProductPath::tensor_core_team;
+  static constexpr bool tensor_core = true;
+  template <class C>
+  static std::string why_not(const C& c) {
+    const std::string why = c.tc_problem(false);
+    return why.empty() ? tc_block_problem(c.opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward")
+                       : why;
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    using ExecSpace = typename C::exec_space;
+    return tc_forward_tiles(c.d, static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>()));
+  }
+  template <class C, class LV>
+  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
+      tc_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+  }
+};
+struct Tf32ForwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_forward.hpp)
+  static constexpr TileProductPath path = TileProductPath::tensor_core_tf32x3;
+  static constexpr bool tensor_core = false;
+  template <class C>
+  static std::string why_not(const C& c) {
+    return tf32_forward_why_not(c.space, c.q, c.k, c.v, c.o, c.opts);
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    return tf32_forward_tiles(c.d, native_smem_max(c.space));
+  }
+  template <class C, class LV>
+  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value &&
+                  std::is_same<typename C::T, float>::value)
+      tf32_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+#endif
+    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+  }
+};
+struct SimtForwardFamily {  // float on CUDA: FMA tiles in registers (simt_forward.hpp)
+  static constexpr TileProductPath path = TileProductPath::simt_fp32;
+  static constexpr bool tensor_core = false;
+  template <class C>
+  static std::string why_not(const C& c) {
+    using ExecSpace = typename C::exec_space;
+    return simt_forward_why_not<ExecSpace>(c.q, c.k, c.v, c.o, c.opts);
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    using ExecSpace = typename C::exec_space;
+    const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
+    return c.d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max);
+  }
+  template <class C, class LV>
+  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+    if (c.d == 64)
+      simt_forward_launch_d<64>(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+    else
+      simt_forward_launch_d<128>(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+  }
+};
+struct PortableForwardFamily {  // every backend and element type: Kokkos team kernel (forward_kernel.hpp)
+  static constexpr TileProductPath path = TileProductPath::portable;
+  static constexpr bool tensor_core = false;
+  template <class C>
+  static std::string why_not(const C&) {
+    return "";
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    using ExecSpace = typename C::exec_space;
+    const TileConfig t = forward_tile_config(c.space, c.q, c.k, c.opts);
+    const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+    if (c.opts.block_q > 0 && t.scratch_l1 > l1_max)
+      fail("kfa::attention_forward: opts.block_q = ", c.opts.block_q, " needs ", t.scratch_l1,
+           " B of level-1 scratch, more than the backend's ", l1_max);
+    return t;
+  }
+  template <class C, class LV>
+  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask,
+                     const TileConfig& tiles) {
+    using ExecSpace = typename C::exec_space;
+    using Acc = accumulator_t<typename C::T>;
+    using Kernel = ForwardKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type,
+                                 typename C::o_type, LV>;
+    (void)scale, (void)softcap;  // the portable kernel takes them in the accumulation type (double for double)
+    const Kernel kernel(c.q, c.k, c.v, c.o, lse, static_cast<Acc>(resolved_scale<typename C::T>(c.opts, c.q.extent(3))),
+                        static_cast<Acc>(c.opts.softcap), mask, tiles);
+    const int league = checked_league("kfa::attention_forward", "batch * heads_q * query blocks",
+                                      static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) *
+                                          kernel.n_qblocks);
+    Kokkos::TeamPolicy<ExecSpace> policy(c.space, league, tiles.team_size);
+    policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
+    Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
+  }
+};
+using ForwardFamilies = std::tuple<WgmmaForwardFamily, Fa2ForwardFamily, TeamForwardFamily, Tf32ForwardFamily,
+                                   SimtForwardFamily, PortableForwardFamily>;
+
+/// f(family) for each family type of the tuple Families, in order.
+template <class Families, class F>
+void for_each_family(F&& f) {
+  std::apply([&](auto... family) { (f(family), ...); }, Families{});
+}
+
+/// The one place a family is chosen: Families in order, each saying why it cannot run the call ("" when it
+/// can). `asked` = automatic takes the first that can, tensor_core the first tensor-core one, a named family
+/// that one; where none of those asked for can run, the error names opts.path (`shown`) and each one's reason.
+template <class Families, class Call>
+TileProductPath choose_family(const char* fn, const Call& c, TileProductPath asked, TileProductPath shown) {
   using P = TileProductPath;
-  const int d = static_cast<int>(q.extent(3));
-  std::string views_why;
-  tc_add_forward_view_problems(views_why, q, k, v, o);
-  std::string tc_why = tc_space_problem<ExecSpace, T>(space, d);
-  if (tc_why.empty()) tc_why = views_why;
-  std::string fa2_why = tc_space_problem<ExecSpace, T>(space, d, true);  // the FA2-layout kernels also have d = 256
-  if (fa2_why.empty()) fa2_why = views_why;
-  if (fa2_why.empty()) fa2_why = fa2_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts);
-  std::string wgmma_why = tc_why;  // asked only where a tensor-core forward can run (it may probe the device)
-  if (wgmma_why.empty()) wgmma_why = wgmma_forward_why_not(space, d, static_cast<long>(k.extent(1)), opts);
-  const std::string team_why =
-      tc_why.empty() ? tc_block_problem(opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward") : tc_why;
-  const std::string tf32_why = tf32_forward_why_not(space, q, k, v, o, opts);
-  const std::string simt_why = simt_forward_why_not<ExecSpace>(q, k, v, o, opts);
-  auto need = [&](P family, const std::string& why) {
-    if (!why.empty()) fail(fn, ": opts.path = ", to_string(family), " but ", why);
-    return family;
-  };
-  P family = P::portable;
-  switch (opts.path) {
-    case P::portable: family = P::portable; break;
-    case P::tensor_core_fa2: family = need(P::tensor_core_fa2, fa2_why); break;
-    case P::tensor_core_team: family = need(P::tensor_core_team, team_why); break;
-    case P::simt_fp32: family = need(P::simt_fp32, simt_why); break;
-    case P::tensor_core_tf32x3: family = need(P::tensor_core_tf32x3, tf32_why); break;
-    case P::tensor_core_wgmma: family = need(P::tensor_core_wgmma, wgmma_why); break;
-    case P::tensor_core:  // no family can run: each one's reason (at d = 256 the team one is only the head dim)
-      family = wgmma_why.empty()  ? P::tensor_core_wgmma
-               : fa2_why.empty()  ? P::tensor_core_fa2
-               : team_why.empty() ? P::tensor_core_team
-                                  : need(P::tensor_core, "the FA2-layout forward cannot run (" + fa2_why +
-                                                             ") nor the team forward (" + team_why + ")");
-      break;
-    case P::automatic:
-      family = wgmma_why.empty()  ? P::tensor_core_wgmma
-               : fa2_why.empty()  ? P::tensor_core_fa2
-               : team_why.empty() ? P::tensor_core_team
-               : tf32_why.empty() ? P::tensor_core_tf32x3
-               : simt_why.empty() ? P::simt_fp32
-                                  : P::portable;
-      break;
-  }
-  const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  TileConfig tiles;
-  switch (family) {
-    case P::tensor_core_fa2:
-      tiles = fa2_forward_tiles(d, native_smem_max(space));
-      break;
-    case P::tensor_core_team: tiles = tc_forward_tiles(d, l0_max); break;
-    case P::tensor_core_wgmma: tiles = wgmma_forward_tiles(d, opts.softcap > 0, native_smem_max(space)); break;
-    case P::tensor_core_tf32x3: tiles = tf32_forward_tiles(d, native_smem_max(space)); break;
-    case P::simt_fp32: tiles = d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max); break;
-    default: {
-      tiles = forward_tile_config(space, q, k, opts);
-      const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-      if (opts.block_q > 0 && tiles.scratch_l1 > l1_max)
-        fail(fn, ": opts.block_q = ", opts.block_q, " needs ", tiles.scratch_l1,
-             " B of level-1 scratch, more than the backend's ", l1_max);
+  P chosen = P::automatic;
+  int candidates = 0;
+  std::string reasons, last_why;
+  for_each_family<Families>([&](auto family) {
+    using F = decltype(family);
+    if (chosen != P::automatic) return;
+    if (!(asked == F::path || asked == P::automatic || (asked == P::tensor_core && F::tensor_core))) return;
+    ++candidates;
+    std::string why = F::why_not(c);
+    if (why.empty()) {
+      chosen = F::path;
+    } else {
+      reasons += (reasons.empty() ? "" : "; ") + to_string(F::path) + ": " + why;
+      last_why = std::move(why);
     }
+  });
+  if (chosen == P::automatic) {
+    if (candidates == 1) fail(fn, ": opts.path = ", to_string(shown), " but ", last_why);
+    fail(fn, ": opts.path = ", to_string(shown), " but no family it names can run these inputs (", reasons, ")");
   }
-  return {family, tiles,
-          std::string(fn) + "[" + to_string(family) + "," + dtype_name<T>() + ",d" + std::to_string(d) + "," +
-              to_string(tiles) + "]"};
+  return chosen;
+}
+
+/// f(family) for the family whose path is `path`.
+template <class Families, class F>
+void with_family(TileProductPath path, F&& f) {
+  for_each_family<Families>([&](auto family) {
+    if (decltype(family)::path == path) f(family);
+  });
+}
+
+template <class ExecSpace, class QV, class KV, class VV, class OV>
+ForwardPlan forward_plan(const char* fn, const ForwardCall<ExecSpace, QV, KV, VV, OV>& c) {
+  using T = typename QV::non_const_value_type;
+  ForwardPlan plan;
+  plan.family = choose_family<ForwardFamilies>(fn, c, c.opts.path, c.opts.path);
+  with_family<ForwardFamilies>(plan.family, [&](auto family) { plan.tiles = decltype(family)::tiles(c); });
+  plan.region = std::string(fn) + "[" + to_string(plan.family) + "," + dtype_name<T>() + ",d" + std::to_string(c.d) +
+                "," + to_string(plan.tiles) + "]";
+  return plan;
 }
 
 /// attention_forward after its checks, for a block at `pos` of a longer sequence (the ring layer's entry).
@@ -197,52 +357,16 @@ template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                   const LV& lse, const AttentionOptions& opts, const Positions& pos) {
   using T = typename QV::non_const_value_type;
-  using Acc = accumulator_t<T>;
-  using P = TileProductPath;
-  const ForwardPlan plan = forward_plan(fn, space, q, k, v, o, opts);
+  const ForwardCall<ExecSpace, QV, KV, VV, OV> c(space, q, k, v, o, opts);
+  const ForwardPlan plan = forward_plan(fn, c);
   compat::ScopedRegion region(plan.region);
   if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
   const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
                      opts.window_left, opts.window_right);
-  const double scale = resolved_scale<T>(opts, q.extent(3));
-  const float scale32 = static_cast<float>(scale), softcap32 = static_cast<float>(opts.softcap);
-  switch (plan.family) {
-    case P::tensor_core_fa2:
-#if KFA_HAS_TENSOR_CORES
-      if constexpr (has_tensor_core_path<ExecSpace, T>::value) fa2_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
-#endif
-      return;
-    case P::tensor_core_team:
-      if constexpr (has_tensor_core_path<ExecSpace, T>::value) tc_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
-      return;
-    case P::tensor_core_wgmma:
-#if KFA_HAS_TENSOR_CORES
-      if constexpr (has_tensor_core_path<ExecSpace, T>::value)
-        wgmma_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
-#endif
-      return;
-    case P::tensor_core_tf32x3:
-#if KFA_HAS_TENSOR_CORES
-      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<T, float>::value)
-        tf32_forward_launch(space, q, k, v, o, lse, scale32, softcap32, mask);
-#endif
-      return;
-    case P::simt_fp32:
-      if (q.extent(3) == 64)
-        simt_forward_launch_d<64>(space, q, k, v, o, lse, scale32, softcap32, mask);
-      else
-        simt_forward_launch_d<128>(space, q, k, v, o, lse, scale32, softcap32, mask);
-      return;
-    default: break;
-  }
-  using Kernel = ForwardKernel<ExecSpace, QV, KV, VV, OV, LV>;
-  const Kernel kernel(q, k, v, o, lse, static_cast<Acc>(scale), static_cast<Acc>(opts.softcap), mask, plan.tiles);
-  const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
-  if (league > 2147483647L) fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
-  Kokkos::TeamPolicy<ExecSpace> policy(space, static_cast<int>(league), plan.tiles.team_size);
-  policy.set_scratch_size(0, Kokkos::PerTeam(plan.tiles.scratch_l0))
-      .set_scratch_size(1, Kokkos::PerTeam(plan.tiles.scratch_l1));
-  Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
+  const float scale = static_cast<float>(resolved_scale<T>(opts, q.extent(3)));
+  const float softcap = static_cast<float>(opts.softcap);
+  with_family<ForwardFamilies>(plan.family,
+                               [&](auto family) { decltype(family)::launch(c, lse, scale, softcap, mask, plan.tiles); });
 }
 }  // namespace detail
 
@@ -254,7 +378,7 @@ ForwardPlan plan_forward(const ExecSpace& space, const QV& q, const KV& k, const
   constexpr const char* fn = "kfa::attention_forward";
   detail::check_qkv_and_options(fn, q, k, v, opts);
   detail::check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
-  return detail::forward_plan(fn, space, q, k, v, o, opts);
+  return detail::forward_plan(fn, detail::ForwardCall<ExecSpace, QV, KV, VV, OV>(space, q, k, v, o, opts));
 }
 
 /// Exact attention forward. q [batch, seq_q, heads_q, d]; k, v [batch, seq_k, heads_kv, d];
@@ -317,73 +441,211 @@ backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
   return dd;
 }
 
-/// The one place the backward's family is chosen: tensor_core where it can run (the tensor-core backward
-/// serves every 16-bit tensor-core forward family), else tensor_core_tf32x3 (float on CUDA sm_80+), else
-/// simt_fp32 (float on CUDA), else portable; opts.path names one of them (tensor_core_team,
-/// tensor_core_fa2 and tensor_core_wgmma name the tensor-core backward; its kernels are the wgmma ones where
-/// those can run, except when opts.path names tensor_core_fa2 or tensor_core_team).
+/// What a backward family looks at to decide whether it can run a call, size its tiles and launch it.
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
-BackwardPlan backward_plan(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v,
-                           const DOV& d_o, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
+struct BackwardCall {
+  using exec_space = ExecSpace;
+  using q_type = QV;
+  using k_type = KV;
+  using v_type = VV;
+  using do_type = DOV;
+  using dq_type = DQV;
+  using dk_type = DKV;
+  using dv_type = DVV;
   using T = typename QV::non_const_value_type;
-  using P = TileProductPath;
-  const int d = static_cast<int>(q.extent(3));
-  const bool wgmma_allowed = opts.path != P::tensor_core_fa2 && opts.path != P::tensor_core_team;
-  const bool fused = !opts.deterministic && tc_atomic_dq_pays(space, d, wgmma_allowed);  // atomic dQ where faster
-  std::string why_not = tc_space_problem<ExecSpace, T>(space, d, true);  // d = 256: the FA2-layout kernels only
-  if (why_not.empty()) why_not = tc_backward_problem(space, d, fused);
-  const bool fa2 = why_not.empty() && tc_fa2_backward_runs(space, d, fused);
-  const bool fa2_dq = why_not.empty() && !fused && fa2_dq_problem(space, d).empty();
-  if (why_not.empty()) {
-    const BackwardTileConfig t = tc_backward_tiles(d, 0, fused, fa2, fa2_dq);
-    // one override serves both kernels only where they agree; the portable path honours any
-    why_not = tc_block_problem(opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
-    if (why_not.empty() && !fused) why_not = tc_block_problem(opts, t.dq.block_q, t.dq.block_k, "backward");
-  }
-  // asked only where the tensor-core backward can run (it may probe the device)
-  const std::string wgmma_why = why_not.empty() ? wgmma_backward_why_not(space, d, fused, opts) : why_not;
-  tc_add_backward_view_problems(why_not, q, k, v, d_o, dq, dk, dv);
-  const std::string tf32_why = tf32_backward_why_not(space, q, k, v, d_o, dq, dk, dv, opts);
-  const std::string simt_why = simt_backward_why_not<ExecSpace>(q, k, v, d_o, dq, dk, dv, opts);
-  auto need = [&](const std::string& why) {
-    if (!why.empty()) fail(fn, ": opts.path = ", to_string(opts.path), " but ", why);
+  const ExecSpace& space;
+  const QV& q;
+  const KV& k;
+  const VV& v;
+  const DOV& d_o;
+  const DQV& dq;
+  const DKV& dk;
+  const DVV& dv;
+  const AttentionOptions& opts;
+  int d;
+  BackwardCall(const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const DQV& dq_,
+               const DKV& dk_, const DVV& dv_, const AttentionOptions& op)
+      : space(s), q(q_), k(k_), v(v_), d_o(do_), dq(dq_), dk(dk_), dv(dv_), opts(op), d(static_cast<int>(q_.extent(3))) {}
+};
+
+/// The backward's kernel families, in the order `automatic` tries them (see the forward's). Each one says why
+/// it cannot run a call, fills a plan's tiles (the tensor-core family also its kernels) and launches it.
+struct TensorCoreBackwardFamily {  // 16-bit, sm_80+: wgmma (sm_90a), FA2-layout or team dK/dV and dQ kernels
+  static constexpr TileProductPath path = TileProductPath::tensor_core;
+  static constexpr bool tensor_core = true;
+  /// Which kernels it would run and why it cannot ("" when it can).
+  struct Kernels {
+    std::string why;
+    bool fused = false;   ///< atomic dQ inside the dK/dV kernel (opts.deterministic = false, where it pays)
+    bool fa2 = false;     ///< the FA2-layout dK/dV kernel (else the team one)
+    bool fa2_dq = false;  ///< the FA2-layout dQ kernel
+    bool wgmma = false;   ///< the wgmma dK/dV and dQ kernels (in place of the three above)
   };
-  P family = P::portable;
-  switch (opts.path) {
-    case P::portable: family = P::portable; break;
-    case P::simt_fp32: need(simt_why), family = P::simt_fp32; break;
-    case P::tensor_core_tf32x3: need(tf32_why), family = P::tensor_core_tf32x3; break;
-    case P::tensor_core:
-    case P::tensor_core_team:
-    case P::tensor_core_fa2:
-    case P::tensor_core_wgmma: need(why_not), family = P::tensor_core; break;
-    case P::automatic:
-      family = why_not.empty()    ? P::tensor_core
-               : tf32_why.empty() ? P::tensor_core_tf32x3
-               : simt_why.empty() ? P::simt_fp32
-                                  : P::portable;
-      break;
+  template <class C>
+  static Kernels kernels(const C& c) {
+    using P = TileProductPath;
+    using ExecSpace = typename C::exec_space;
+    Kernels kn;
+    const int d = c.d;
+    // opts.path = tensor_core_fa2 or tensor_core_team keeps the FA2-layout or team kernels
+    const bool wgmma_allowed = c.opts.path != P::tensor_core_fa2 && c.opts.path != P::tensor_core_team;
+    kn.fused = !c.opts.deterministic && tc_atomic_dq_pays(c.space, d, wgmma_allowed);  // atomic dQ where faster
+    kn.why = tc_space_problem<ExecSpace, typename C::T>(c.space, d, true);  // d = 256: the FA2-layout kernels only
+    if (kn.why.empty()) kn.why = tc_backward_problem(c.space, d, kn.fused);
+    if (kn.why.empty()) {
+      kn.fa2 = tc_fa2_backward_runs(c.space, d, kn.fused);
+      kn.fa2_dq = !kn.fused && fa2_dq_problem(c.space, d).empty();
+      const BackwardTileConfig t = tc_backward_tiles(d, 0, kn.fused, kn.fa2, kn.fa2_dq);
+      // one override serves both kernels only where they agree; the portable path honours any
+      kn.why = tc_block_problem(c.opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
+      if (kn.why.empty() && !kn.fused) kn.why = tc_block_problem(c.opts, t.dq.block_q, t.dq.block_k, "backward");
+    }
+    tc_add_backward_view_problems(kn.why, c.q, c.k, c.v, c.d_o, c.dq, c.dk, c.dv);
+    // asked only where the tensor-core backward can run (it may probe the device)
+    kn.wgmma = kn.why.empty() && wgmma_allowed && wgmma_backward_why_not(c.space, d, kn.fused, c.opts).empty();
+    return kn;
   }
-  const bool tc = family == P::tensor_core;
-  const bool wgmma = tc && wgmma_why.empty() && wgmma_allowed;
-  const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  BackwardTileConfig tiles = tc                                 ? tc_backward_tiles(d, l0_max, fused, fa2, fa2_dq)
-                             : family == P::tensor_core_tf32x3 ? tf32_backward_tiles(d, native_smem_max(space))
-                             : family == P::simt_fp32          ? (d == 64 ? simt_backward_tiles<64>(l0_max)
-                                                                           : simt_backward_tiles<128>(l0_max))
-                                                                : backward_tile_config(space, q, k, opts);
-  if (tc && tiles.dkdv.scratch_l0 > l0_max) tiles.dkdv.scratch_l0_max = native_smem_max(space);  // launched natively
-  if (tc && fa2_dq) tiles.dq.scratch_l0_max = native_smem_max(space);
-  if (wgmma) tiles = wgmma_backward_tiles(d, native_smem_max(space));
-  const std::size_t l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-  if (family == P::portable && (tiles.dkdv.scratch_l1 > l1_max || tiles.dq.scratch_l1 > l1_max))
-    fail(fn, ": tiles ", to_string(tiles), " need ", std::max(tiles.dkdv.scratch_l1, tiles.dq.scratch_l1),
-         " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
-  const bool atomic_dq = tc && fused;
-  return {family, tiles,
-          std::string(fn) + "[" + to_string(family) + (atomic_dq ? ",atomic_dq," : wgmma ? ",wgmma," : ",") +
-              dtype_name<T>() + ",d" + std::to_string(d) + "," + to_string(tiles) + "]",
-          atomic_dq, wgmma};
+  template <class C>
+  static std::string why_not(const C& c) {
+    return kernels(c).why;
+  }
+  template <class C>
+  static void plan(const C& c, BackwardPlan& plan) {
+    const Kernels kn = kernels(c);
+    const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<typename C::exec_space>());
+    plan.atomic_dq = kn.fused;
+    plan.wgmma = kn.wgmma;
+    if (kn.wgmma) {
+      plan.tiles = wgmma_backward_tiles(c.d, native_smem_max(c.space));
+      return;
+    }
+    plan.tiles = tc_backward_tiles(c.d, l0_max, kn.fused, kn.fa2, kn.fa2_dq);
+    if (plan.tiles.dkdv.scratch_l0 > l0_max) plan.tiles.dkdv.scratch_l0_max = native_smem_max(c.space);  // native
+    if (kn.fa2_dq) plan.tiles.dq.scratch_l0_max = native_smem_max(c.space);
+  }
+  template <class C, class LV, class DD>
+  static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
+                     const BackwardPlan& plan, BackwardParts parts) {
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
+      tc_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, !plan.atomic_dq,
+                         plan.wgmma, parts);
+    (void)c, (void)lse, (void)dd, (void)scale, (void)softcap, (void)mask, (void)plan, (void)parts;
+  }
+};
+struct Tf32BackwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_backward.hpp)
+  static constexpr TileProductPath path = TileProductPath::tensor_core_tf32x3;
+  static constexpr bool tensor_core = false;
+  template <class C>
+  static std::string why_not(const C& c) {
+    return tf32_backward_why_not(c.space, c.q, c.k, c.v, c.d_o, c.dq, c.dk, c.dv, c.opts);
+  }
+  template <class C>
+  static void plan(const C& c, BackwardPlan& plan) {
+    plan.tiles = tf32_backward_tiles(c.d, native_smem_max(c.space));
+  }
+  template <class C, class LV, class DD>
+  static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
+                     const BackwardPlan&, BackwardParts parts) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value && std::is_same<typename C::T, float>::value)
+      tf32_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
+#endif
+    (void)c, (void)lse, (void)dd, (void)scale, (void)softcap, (void)mask, (void)parts;
+  }
+};
+struct SimtBackwardFamily {  // float on CUDA: FMA tiles in registers (simt_backward.hpp)
+  static constexpr TileProductPath path = TileProductPath::simt_fp32;
+  static constexpr bool tensor_core = false;
+  template <class C>
+  static std::string why_not(const C& c) {
+    return simt_backward_why_not<typename C::exec_space>(c.q, c.k, c.v, c.d_o, c.dq, c.dk, c.dv, c.opts);
+  }
+  template <class C>
+  static void plan(const C& c, BackwardPlan& plan) {
+    const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<typename C::exec_space>());
+    plan.tiles = c.d == 64 ? simt_backward_tiles<64>(l0_max) : simt_backward_tiles<128>(l0_max);
+  }
+  template <class C, class LV, class DD>
+  static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
+                     const BackwardPlan&, BackwardParts parts) {
+    if (c.d == 64)
+      simt_backward_launch_d<64>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
+    else
+      simt_backward_launch_d<128>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
+  }
+};
+struct PortableBackwardFamily {  // every backend and element type: Kokkos team kernels (backward_kernel.hpp)
+  static constexpr TileProductPath path = TileProductPath::portable;
+  static constexpr bool tensor_core = false;
+  template <class C>
+  static std::string why_not(const C&) {
+    return "";
+  }
+  template <class C>
+  static void plan(const C& c, BackwardPlan& plan) {
+    using ExecSpace = typename C::exec_space;
+    plan.tiles = backward_tile_config(c.space, c.q, c.k, c.opts);
+    const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
+    if (plan.tiles.dkdv.scratch_l1 > l1_max || plan.tiles.dq.scratch_l1 > l1_max)
+      fail("kfa::attention_backward: tiles ", to_string(plan.tiles), " need ",
+           std::max(plan.tiles.dkdv.scratch_l1, plan.tiles.dq.scratch_l1),
+           " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
+  }
+  template <class C, class LV, class DD>
+  static void launch(const C& c, const LV& lse, const DD& dd, float, float, const KeyMask& mask,
+                     const BackwardPlan& plan, BackwardParts parts) {
+    using ExecSpace = typename C::exec_space;
+    using T = typename C::T;
+    using Acc = accumulator_t<T>;
+    // the portable kernels compute in the accumulation type (double for double)
+    const Acc scale = static_cast<Acc>(resolved_scale<T>(c.opts, c.q.extent(3)));
+    const Acc softcap = static_cast<Acc>(c.opts.softcap);
+    const BackwardTileConfig& tiles = plan.tiles;
+    const long batch = static_cast<long>(c.q.extent(0));
+    if (c.k.extent(1) > 0 && parts != BackwardParts::dq) {
+      using K1 = DkDvKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type, typename C::do_type,
+                            LV, DD, typename C::dk_type, typename C::dv_type>;
+      const K1 k1(c.q, c.k, c.v, c.d_o, lse, dd, c.dk, c.dv, scale, softcap, mask, tiles.dkdv);
+      const int league = checked_league("kfa::attention_backward", "batch * heads_kv * key blocks",
+                                        batch * static_cast<long>(c.k.extent(2)) * k1.n_kblocks);
+      Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.dkdv.team_size);
+      p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
+          .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
+      Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
+    }
+    if (c.q.extent(1) > 0 && parts != BackwardParts::dkdv) {
+      using K2 = DqKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type, typename C::do_type,
+                          LV, DD, typename C::dq_type>;
+      const K2 k2(c.q, c.k, c.v, c.d_o, lse, dd, c.dq, scale, softcap, mask, tiles.dq);
+      const int league = checked_league("kfa::attention_backward", "batch * heads_q * query blocks",
+                                        batch * static_cast<long>(c.q.extent(2)) * k2.n_qblocks);
+      Kokkos::TeamPolicy<ExecSpace> p2(c.space, league, tiles.dq.team_size);
+      p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0))
+          .set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
+      Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
+    }
+  }
+};
+using BackwardFamilies =
+    std::tuple<TensorCoreBackwardFamily, Tf32BackwardFamily, SimtBackwardFamily, PortableBackwardFamily>;
+
+/// The backward's plan: one tensor-core family serves every 16-bit forward family (opts.path tensor_core_team,
+/// tensor_core_fa2 and tensor_core_wgmma name it; its kernels are the wgmma ones where those can run, except
+/// when opts.path names tensor_core_fa2 or tensor_core_team), then tensor_core_tf32x3, simt_fp32, portable.
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
+BackwardPlan backward_plan(const char* fn, const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>& c) {
+  using P = TileProductPath;
+  const P shown = c.opts.path;
+  const P asked =
+      shown == P::tensor_core_team || shown == P::tensor_core_fa2 || shown == P::tensor_core_wgmma ? P::tensor_core : shown;
+  BackwardPlan plan;
+  plan.family = choose_family<BackwardFamilies>(fn, c, asked, shown);
+  with_family<BackwardFamilies>(plan.family, [&](auto family) { decltype(family)::plan(c, plan); });
+  plan.region = std::string(fn) + "[" + to_string(plan.family) +
+                (plan.atomic_dq ? ",atomic_dq," : plan.wgmma ? ",wgmma," : ",") +
+                dtype_name<typename QV::non_const_value_type>() + ",d" + std::to_string(c.d) + "," +
+                to_string(plan.tiles) + "]";
+  return plan;
 }
 
 /// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
@@ -394,9 +656,8 @@ bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
                      const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
                      const AttentionOptions& opts, const Positions& pos, BackwardParts parts = BackwardParts::all) {
   using T = typename QV::non_const_value_type;
-  using Acc = accumulator_t<T>;
-  const BackwardPlan plan = backward_plan(fn, space, q, k, v, d_o, dq, dk, dv, opts);
-  const BackwardTileConfig& tiles = plan.tiles;
+  const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV> c(space, q, k, v, d_o, dq, dk, dv, opts);
+  const BackwardPlan plan = backward_plan(fn, c);
   compat::ScopedRegion region(plan.region);
   const bool dq_with_dkdv = plan.family == TileProductPath::tensor_core && plan.atomic_dq;
   const bool wrote_dq = parts == BackwardParts::all || (parts == BackwardParts::dkdv) == dq_with_dkdv;
@@ -409,51 +670,12 @@ bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
     zero4(space, dv, "kfa::attention_backward::zero_dv");
     return wrote_dq;
   }
-
-  const Acc scale = static_cast<Acc>(resolved_scale<T>(opts, q.extent(3)));
   const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
-  if (plan.family == TileProductPath::tensor_core) {
-    if constexpr (has_tensor_core_path<ExecSpace, T>::value)
-      tc_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                         static_cast<float>(opts.softcap), mask, !plan.atomic_dq, plan.wgmma, parts);
-    return wrote_dq;
-  }
-  if (plan.family == TileProductPath::tensor_core_tf32x3) {
-#if KFA_HAS_TENSOR_CORES
-    if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<T, float>::value)
-      tf32_backward_launch(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                           static_cast<float>(opts.softcap), mask, parts);
-#endif
-    return wrote_dq;
-  }
-  if (plan.family == TileProductPath::simt_fp32) {
-    if (q.extent(3) == 64)
-      simt_backward_launch_d<64>(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                                 static_cast<float>(opts.softcap), mask, parts);
-    else
-      simt_backward_launch_d<128>(space, q, k, v, d_o, lse, dd, dq, dk, dv, static_cast<float>(scale),
-                                  static_cast<float>(opts.softcap), mask, parts);
-    return wrote_dq;
-  }
-  if (nk > 0 && parts != BackwardParts::dq) {
-    using K1 = DkDvKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-    const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, static_cast<Acc>(opts.softcap), mask, tiles.dkdv);
-    const long league = static_cast<long>(batch) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-    if (league > 2147483647L) fail(fn, ": batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
-    Kokkos::TeamPolicy<ExecSpace> p1(space, static_cast<int>(league), tiles.dkdv.team_size);
-    p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
-        .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
-    Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
-  }
-  if (nq > 0 && parts != BackwardParts::dkdv) {
-    using K2 = DqKernel<ExecSpace, QV, KV, VV, DOV, LV, DD, DQV>;
-    const K2 k2(q, k, v, d_o, lse, dd, dq, scale, static_cast<Acc>(opts.softcap), mask, tiles.dq);
-    const long league = static_cast<long>(batch) * hq * k2.n_qblocks;
-    if (league > 2147483647L) fail(fn, ": batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
-    Kokkos::TeamPolicy<ExecSpace> p2(space, static_cast<int>(league), tiles.dq.team_size);
-    p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
-    Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
-  }
+  const float scale = static_cast<float>(resolved_scale<T>(opts, q.extent(3)));
+  const float softcap = static_cast<float>(opts.softcap);
+  with_family<BackwardFamilies>(plan.family, [&](auto family) {
+    decltype(family)::launch(c, lse, dd, scale, softcap, mask, plan, parts);
+  });
   return wrote_dq;
 }
 
@@ -480,7 +702,8 @@ BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, con
   detail::check_extents(fn, "dq", dq, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
   detail::check_extents(fn, "dk", dk, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
   detail::check_extents(fn, "dv", dv, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
-  return detail::backward_plan(fn, space, q, k, v, d_o, dq, dk, dv, opts);
+  return detail::backward_plan(
+      fn, detail::BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>(space, q, k, v, d_o, dq, dk, dv, opts));
 }
 
 /// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv

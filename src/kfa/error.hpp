@@ -19,6 +19,13 @@ template <class... Args>
   (os << ... << args);
   throw Error(os.str());
 }
+
+/// The league (or grid) size of a launch as the int Kokkos and CUDA take, or an Error
+/// "<fn>: <what> = <league> exceeds 2^31 - 1". Every kernel launch of kfa sizes its league here.
+inline int checked_league(const char* fn, const char* what, long league) {
+  if (league > 2147483647L) fail(fn, ": ", what, " = ", league, " exceeds 2^31 - 1");
+  return static_cast<int>(league);
+}
 }  // namespace detail
 
 }  // namespace kfa

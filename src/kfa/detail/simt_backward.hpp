@@ -518,8 +518,7 @@ void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, co
       using K1 = SimtDkDvKernel<D, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
       const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-      if (league > 2147483647L)
-        fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+      checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       if (league > 0) {
         typename K1::policy_type p1(space, static_cast<int>(league), S::threads / 32, 32);
         p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
@@ -530,8 +529,7 @@ void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, co
       using K2 = SimtDqKernel<D, QV, KV, VV, DOV, LV, DD, DQV>;
       const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
       const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
-      if (league > 2147483647L)
-        fail("kfa::attention_backward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+      checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
       if (league > 0) {
         typename K2::policy_type p2(space, static_cast<int>(league), S::threads / 32, 32);
         p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));

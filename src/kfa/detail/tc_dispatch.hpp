@@ -414,7 +414,7 @@ void simt_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, con
     using Kernel = SimtForwardKernel<D, QV, KV, VV, OV, LV>;
     const Kernel kernel(q, k, v, o, lse, scale, softcap, mask);
     const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
-    if (league > 2147483647L) fail("kfa::attention_forward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+    checked_league("kfa::attention_forward", "batch * heads_q * query blocks", league);
     typename Kernel::policy_type policy(space, static_cast<int>(league), SimtForwardShape<D>::threads / 32, 32);
     policy.set_scratch_size(0, Kokkos::PerTeam(SimtForwardShape<D>::scratch_l0));
     Kokkos::parallel_for("kfa::attention_forward[simt_fp32]", policy, kernel);
@@ -432,7 +432,7 @@ void tc_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const
   using Kernel = TcForwardKernel<D, QV, KV, VV, OV, LV>;
   const Kernel kernel(q, k, v, o, lse, scale, softcap, mask);
   const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
-  if (league > 2147483647L) fail("kfa::attention_forward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+  checked_league("kfa::attention_forward", "batch * heads_q * query blocks", league);
   typename Kernel::policy_type policy(space, static_cast<int>(league), Kernel::WARPS, 32);
   policy.set_scratch_size(0, Kokkos::PerTeam(TcForwardShape<D>::scratch_l0));
   Kokkos::parallel_for("kfa::attention_forward[tensor_core]", policy, kernel);
@@ -466,7 +466,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
       using K1 = TcWgmmaDkDvKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
       const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-      if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+      checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       native_launch(space, "kfa::attention_backward::dkdv[tensor_core_wgmma]", &native_team_kernel<K1>, league,
                     dim3(32, S::warps), S::smem, K1::MIN_BLOCKS, k1);
       return;
@@ -479,7 +479,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
       using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
       const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-      if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+      checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
                     K1::MIN_BLOCKS, k1);
       return;
@@ -493,7 +493,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
   const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
   const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-  if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_kv * key blocks = ", league, " exceeds 2^31 - 1");
+  checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
   // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
   // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
   // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
@@ -568,7 +568,7 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
     const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
     const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
-    if (league > 2147483647L) fail("kfa::attention_backward: batch * heads_q * query blocks = ", league, " exceeds 2^31 - 1");
+    checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
     typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
     p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));
     Kokkos::parallel_for("kfa::attention_backward::dq[tensor_core]", p2, k2);

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(32 * F::WARPS, F::MIN_BLOCKS) native_team_kern
 template <class A>
 void native_launch(const Kokkos::Cuda& space, const std::string& name, void (*kernel)(A), long league, dim3 block,
                    std::size_t smem, int blocks_per_sm, const A& arg) {
-  if (league > 2147483647L) fail(name, ": ", league, " blocks exceed 2^31 - 1");
+  checked_league(name.c_str(), "blocks", league);
   compat::ScopedRegion region(name);
   cudaError_t err = cudaSetDevice(space.cuda_device());
   if (err == cudaSuccess)
