@@ -410,7 +410,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(b.tiles.dkdv.block_k, 128) << b.region;
       EXPECT_EQ(b.tiles.dkdv.team_size, 256) << b.region;
       EXPECT_EQ(b.tiles.dq.block_q, 128) << b.region;
-      EXPECT_EQ(b.tiles.dq.team_size, 256) << b.region;
+      EXPECT_EQ(b.tiles.dq.team_size, 32 * kfa::detail::WgmmaDqRunShape<d>::warps) << b.region;
     } else {
       std::printf("[ note ] the wgmma backward cannot run here: %s\n", wgmma_bwd_why.c_str());
     }

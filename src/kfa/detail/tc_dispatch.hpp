@@ -231,7 +231,7 @@ std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, co
       std::string why = tc_block_problem(opts, WgmmaBackwardShape<D>::block_q, WgmmaBackwardShape<D>::block_k,
                                          "wgmma dK/dV kernel");
       if (why.empty())
-        why = tc_block_problem(opts, WgmmaDqShape<D>::block_q, WgmmaDqShape<D>::block_k, "wgmma dQ kernel");
+        why = tc_block_problem(opts, WgmmaDqRunShape<D>::block_q, WgmmaDqRunShape<D>::block_k, "wgmma dQ kernel");
       return why;
     };
     const std::string why = d == 64 ? blocks(std::integral_constant<int, 64>{}) : blocks(std::integral_constant<int, 128>{});
@@ -244,7 +244,7 @@ std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, co
 template <int D>
 BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
   using S = WgmmaBackwardShape<D>;
-  using Q = WgmmaDqShape<D>;
+  using Q = WgmmaDqRunShape<D>;
   BackwardTileConfig t;
   t.dkdv.block_q = S::block_q;
   t.dkdv.block_k = S::block_k;

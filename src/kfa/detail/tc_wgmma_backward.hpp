@@ -358,6 +358,34 @@ struct WgmmaDqShape {
   static_assert(D % 64 == 0 && D <= 128 && (block_k == 64 || block_k == 128), "64-element panels; n of 64 or 128");
 };
 
+/// 1: the deterministic backward's dQ comes from the warp-specialized wgmma dQ kernel (tc_wgmma_ws_dq_kernel:
+/// a producer warpgroup, KFA_WGMMA_DQ_WS_STAGES stages of 64-key K/V tiles); 0: from tc_wgmma_dq_kernel.
+#ifndef KFA_WGMMA_DQ_WS
+#define KFA_WGMMA_DQ_WS 0
+#endif
+#ifndef KFA_WGMMA_DQ_WS_STAGES
+#define KFA_WGMMA_DQ_WS_STAGES 4
+#endif
+
+/// Tiles of the warp-specialized wgmma dQ kernel: three warpgroups (two compute 64 query rows each, one loads),
+/// Q and dO of the block, `stages` stages of 64-key K and V tiles (16-bit, unpadded), 1 KB of alignment slack,
+/// the mbarriers (Q/dO, then full and empty per stage). 4 stages: d = 64 97 KB, d = 128 193 KB.
+template <int D>
+struct WgmmaWsDqShape {
+  static constexpr int warps = 12;
+  static constexpr int block_q = 128;
+  static constexpr int block_k = 64;
+  static constexpr int stages = KFA_WGMMA_DQ_WS_STAGES;
+  static constexpr std::size_t tile_bytes = static_cast<std::size_t>(2 * block_q + 2 * stages * block_k) * D * 2;
+  static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
+  static_assert((D == 64 || D == 128) && stages >= 2, "d = 64 or 128; at least double-buffered");
+};
+
+/// The dQ kernel's tiles this build runs.
+template <int D>
+using WgmmaDqRunShape = typename std::conditional<KFA_WGMMA_DQ_WS != 0, WgmmaWsDqShape<D>, WgmmaDqShape<D>>::type;
+
+
 #if KFA_HAS_TENSOR_CORES
 /// The deterministic backward's dQ kernel on wgmma: the wgmma forward's layout (tc_wgmma_forward.hpp) with
 /// the FA2-layout dQ kernel's recomputation (tc_fa2_dq.hpp). Per key tile: S = Q·Kᵀ and dP = dO·Vᵀ
@@ -512,6 +540,211 @@ __global__ void __launch_bounds__(32 * WgmmaDqShape<D>::warps, 1)
 #endif
 }
 
+/// The warp-specialized wgmma dQ kernel: tc_wgmma_dq_kernel's products in the warp-specialized forward's
+/// structure (tc_wgmma_ws_forward_kernel). Warpgroup 2 loads Q and dO, then each 64-key K/V tile into stage
+/// t mod STAGES (cp.async arriving on the stage's "full" mbarrier; it waits on the stage's "empty" one before a
+/// refill). Warpgroups 0 and 1 (64 rows each), in turns (named barriers 1 and 2): issue S_t = Q·K_tᵀ and
+/// dP_t = dO·V_tᵀ, then dQ += dS_{t-1}·K_{t-1}; wait for S_t and dP_t only, compute dS_t in place, wait for
+/// the dQ product, release stage t − 1, pack dS_t. No atomics: each block owns its rows of dQ.
+template <int D, bool Softcap, class T, class OutT>
+__global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
+    tc_wgmma_ws_dq_kernel(const __grid_constant__ Fa2DqArgs<OutT> a) {
+#if KFA_WGMMA_DEVICE
+  using Shape = WgmmaWsDqShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
+  extern __shared__ __align__(1024) unsigned char wgmma_ws_dq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const KeyMask& mask = a.mask;
+
+  // Q, dO, then stage s's K at ks0 + s·2·BC·D·2 and V right after it, each at a multiple of 1024 B; barriers.
+  const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * D * 2;
+  const std::uint32_t ks0 = dos + BQ * D * 2;
+  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+  const std::uint32_t bars = qs + static_cast<std::uint32_t>(Shape::tile_bytes);
+  const std::uint32_t q_full = bars;
+  auto full = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + st); };
+  auto empty = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); };
+  if (threadIdx.x == 0) {
+    tc::mbar_init(q_full, NP);
+    for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), NP), tc::mbar_init(empty(st), 256);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the last block-wide barrier: the producer leaves early
+
+  const long j_begin = mask.key_begin(i0);
+  const long j_end = mask.key_end(i0 + rows);
+
+  if (wg == 2) {  // the producer: 56 registers (its four tiles' address arithmetic spilled at 24 and 40)
+    tc::setmaxnreg_dec<56>();
+    const int tid = threadIdx.x - 256;
+    tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
+                                   rows, tid);
+    tc::load_tile_sw128<D, BQ, NP>(dos, a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
+                                   a.do_s[1], rows, tid);
+    tc::cp_async_mbar_arrive(q_full);
+    const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+    const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+    const long kstride = a.k_s[1], vstride = a.v_s[1];
+    int st = 0;
+    unsigned use = 0;  // how many times stage st was filled before
+    for (long j0 = j_begin; j0 < j_end; j0 += BC) {
+      if (use > 0) tc::mbar_wait(empty(st), (use - 1) & 1);
+      const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+      const std::uint32_t kd = ks0 + st * stage_bytes;
+      tc::load_tile_sw128<D, BC, NP>(kd, kbase + j0 * kstride, kstride, cols, tid);
+      tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + j0 * vstride, vstride, cols, tid);
+      tc::cp_async_mbar_arrive(full(st));
+      if (++st == ST) st = 0, ++use;
+    }
+    tc::cp_async_wait_all();
+    return;
+  }
+
+  tc::setmaxnreg_inc<224>();
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  // Rows g and g + 8 of this warp: lse·log2(e) and D (+inf and 0 past seq_q: P = 0 there).
+  float lse2[2], ddr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wr0 + g + r * 8;
+    const bool in = row < a.seq_q;
+    lse2[r] = in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
+                 : compat::infinity<float>();
+    ddr[r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
+  }
+  float acc[D / 8][4], s[BC / 8][4], dp[BC / 8][4];
+  std::uint32_t da[BC / 16][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128), do_wg = q_wg + BQ * D * 2;
+
+  // dS of tile j0 in place in s (from s and dp). Masked tiles take a second copy of the pass, in which each
+  // row's visible keys are one range of the tile.
+  auto ds_in_place = [&](long j0) {
+    const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+    auto pass = [&](auto masked) {
+      constexpr bool Masked = decltype(masked)::value;
+      int lo[2] = {0, 0}, hi[2] = {BC - 1, BC - 1};  // visible keys of rows g and g + 8, tile-local
+      if (Masked) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          long first, last;
+          mask.visible_range(wr0 + g + r * 8, first, last);
+          lo[r] = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+          hi[r] = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int jj = n * 8 + 2 * t4 + (e & 1);
+          const bool vis = !Masked || (jj >= lo[e >> 1] && jj <= hi[e >> 1]);
+          float dcap;
+          const float p = tc_recompute_p<Softcap>(s[n][e], a.pc, lse2[e >> 1], vis, dcap);
+          s[n][e] = p * (dp[n][e] - ddr[e >> 1]) * dcap;
+        }
+    };
+    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC))
+      pass(std::true_type{});
+    else
+      pass(std::false_type{});
+  };
+  auto pack = [&] {
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      da[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(s[n][0], s[n][1]);
+      da[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(s[n][2], s[n][3]);
+    }
+  };
+  // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ and dP = dO·Vᵀ from it.
+  auto issue_s_dp = [&](int st, unsigned use) {
+    tc::mbar_wait(full(st), use & 1);
+    tc::fence_proxy_async();  // the producer's cp.async writes, seen through the barrier, before wgmma reads
+    const std::uint32_t kst = ks0 + st * stage_bytes, vst = kst + kv_bytes;
+    if (wg == 0)
+      tc::named_sync<1>(256);
+    else
+      tc::named_sync<2>(256);
+    tc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = kk >> 2;
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + panel * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(kst + panel * BC * 128 + in_row, 16, 1024), kk);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = kk >> 2;
+      tc::wgmma_ss<BC, T>(dp, tc::wgmma_desc(do_wg + panel * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(vst + panel * BC * 128 + in_row, 16, 1024), kk);
+    }
+    tc::wgmma_commit();
+  };
+  // dQ += dS·K: B = the K tile of stage st read transposed (keys are the instruction's K dimension).
+  auto issue_dq = [&](int st) {
+    const std::uint32_t kst = ks0 + st * stage_bytes;
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      tc::wgmma_rs<D, T>(acc, da[kk], tc::wgmma_desc(kst + kk * 16 * 128, BC * 128, 1024));
+    tc::wgmma_commit();
+  };
+  auto hand_over = [&] {  // the other warpgroup's turn
+    if (wg == 0)
+      tc::named_arrive<2>(256);
+    else
+      tc::named_arrive<1>(256);
+  };
+
+  tc::mbar_wait(q_full, 0);
+  if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
+  if (j_begin < j_end) {
+    issue_s_dp(0, 0);
+    hand_over();
+    tc::wgmma_wait<0>();
+    tc::wgmma_hold(s);
+    tc::wgmma_hold(dp);
+    ds_in_place(j_begin);
+    pack();
+    int prev = 0, st = 1 % ST;  // tile t is in stage t mod ST, its (t / ST)-th use
+    unsigned use = 0;
+    for (long j0 = j_begin + BC; j0 < j_end; j0 += BC) {
+      issue_s_dp(st, use);
+      issue_dq(prev);
+      hand_over();
+      tc::wgmma_wait<1>();  // S_t and dP_t; dQ += dS_{t-1}·K_{t-1} may still run
+      tc::wgmma_hold(s);
+      tc::wgmma_hold(dp);
+      ds_in_place(j0);
+      tc::wgmma_wait<0>();  // dQ += dS_{t-1}·K_{t-1}: its stage is free, da may be written
+      tc::wgmma_hold(acc);
+      tc::mbar_arrive(empty(prev));
+      pack();
+      prev = st;
+      if (++st == ST) st = 0, ++use;
+    }
+    tc::wgmma_fence();
+    issue_dq(prev);
+    tc::wgmma_wait<0>();
+    tc::wgmma_hold(acc);
+  }
+  if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
+
+  OutT* qbase = a.dq + b * a.dq_s[0] + h * a.dq_s[2];
+  const int r0 = wr0 + g, r1 = r0 + 8;
+  tc::store_c_rows<D, T>(acc, a.scale, a.scale, r0 < a.seq_q ? qbase + r0 * a.dq_s[1] : nullptr,
+                         r1 < a.seq_q ? qbase + r1 * a.dq_s[1] : nullptr, t4);
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+}
+
 /// dq = scale · Σ_key dS·K for every query row, with the wgmma dQ kernel (the plan checked
 /// wgmma_backward_problem).
 template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DDV, class DQV>
@@ -519,11 +752,15 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, cons
                        const DDV& dd, const DQV& dq, float scale, float softcap, const KeyMask& mask) {
   using T = typename QV::non_const_value_type;
   using OutT = typename DQV::non_const_value_type;
-  using Shape = WgmmaDqShape<D>;
+  using Shape = WgmmaDqRunShape<D>;
   Fa2DqArgs<OutT> a;
   const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, Shape::block_q, scale, softcap, mask);
-  native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma]", &tc_wgmma_dq_kernel<D, Softcap, T, OutT>,
-                league, dim3(32 * Shape::warps), Shape::smem, 1, a);
+  if (KFA_WGMMA_DQ_WS != 0)
+    native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma,ws]",
+                  &tc_wgmma_ws_dq_kernel<D, Softcap, T, OutT>, league, dim3(32 * Shape::warps), Shape::smem, 1, a);
+  else
+    native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma]", &tc_wgmma_dq_kernel<D, Softcap, T, OutT>,
+                  league, dim3(32 * Shape::warps), Shape::smem, 1, a);
 }
 #endif  // KFA_HAS_TENSOR_CORES
 
@@ -537,8 +774,8 @@ std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (fused) return "opts.deterministic = false (dQ is then fused into the FA2-layout dK/dV kernel)";
   if (!wgmma_head_dim_supported(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64 and 128)";
-  const std::size_t smem = d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaDqShape<64>::smem)
-                                   : std::max(WgmmaBackwardShape<128>::smem, WgmmaDqShape<128>::smem);
+  const std::size_t smem = d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaDqRunShape<64>::smem)
+                                   : std::max(WgmmaBackwardShape<128>::smem, WgmmaDqRunShape<128>::smem);
   return wgmma_device_problem(space, smem, "the wgmma backward");
 }
 
