@@ -15,8 +15,9 @@
 ///                               (MN-major, as V in the forward's O += P·V).
 /// dK and dV stay in fp32 registers (2·D/2 per thread) over the whole key block; no atomics (bitwise
 /// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name.
-/// dQ comes from the second kernel here, the wgmma forward's layout with the dQ kernel's recomputation
-/// (tc_wgmma_dq_kernel, below).
+/// dQ comes from a second kernel here, the wgmma forward's layout with the dQ kernel's recomputation: by
+/// default the warp-specialized one (tc_wgmma_ws_dq_kernel: a producer warpgroup and 4 stages of 64-key K/V
+/// tiles, as the warp-specialized forward), else the two-warpgroup tc_wgmma_dq_kernel (KFA_WGMMA_DQ_WS=0).
 ///
 /// Both need the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
 #include <kfa/detail/backward_kernel.hpp>     // recompute_lse
@@ -360,8 +361,10 @@ struct WgmmaDqShape {
 
 /// 1: the deterministic backward's dQ comes from the warp-specialized wgmma dQ kernel (tc_wgmma_ws_dq_kernel:
 /// a producer warpgroup, KFA_WGMMA_DQ_WS_STAGES stages of 64-key K/V tiles); 0: from tc_wgmma_dq_kernel.
+/// Measured: backward 1.03–1.10× with it (H200, bf16, d 64/128, N 4096–16384, kfa vs kfa in one call,
+/// s13call2; perf/RESULTS.md).
 #ifndef KFA_WGMMA_DQ_WS
-#define KFA_WGMMA_DQ_WS 0
+#define KFA_WGMMA_DQ_WS 1
 #endif
 #ifndef KFA_WGMMA_DQ_WS_STAGES
 #define KFA_WGMMA_DQ_WS_STAGES 4
