@@ -130,6 +130,7 @@ struct ForwardCall {
   using v_type = VV;
   using o_type = OV;
   using T = typename QV::non_const_value_type;
+  const char* fn;  ///< the API function the call came through (its errors name it)
   const ExecSpace& space;
   const QV& q;
   const KV& k;
@@ -139,8 +140,9 @@ struct ForwardCall {
   int d;
   long seq_k;
   std::string views_why;  ///< why the tensor-core kernels cannot read or write these views ("" when they can)
-  ForwardCall(const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const OV& o_, const AttentionOptions& op)
-      : space(s), q(q_), k(k_), v(v_), o(o_), opts(op), d(static_cast<int>(q_.extent(3))),
+  ForwardCall(const char* f, const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const OV& o_,
+              const AttentionOptions& op)
+      : fn(f), space(s), q(q_), k(k_), v(v_), o(o_), opts(op), d(static_cast<int>(q_.extent(3))),
         seq_k(static_cast<long>(k_.extent(1))) {
     tc_add_forward_view_problems(views_why, q, k, v, o);
   }
@@ -273,7 +275,7 @@ struct PortableForwardFamily {  // every backend and element type: Kokkos team k
     const TileConfig t = forward_tile_config(c.space, c.q, c.k, c.opts);
     const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
     if (c.opts.block_q > 0 && t.scratch_l1 > l1_max)
-      fail("kfa::attention_forward: opts.block_q = ", c.opts.block_q, " needs ", t.scratch_l1,
+      fail(c.fn, ": opts.block_q = ", c.opts.block_q, " needs ", t.scratch_l1,
            " B of level-1 scratch, more than the backend's ", l1_max);
     return t;
   }
@@ -287,11 +289,12 @@ struct PortableForwardFamily {  // every backend and element type: Kokkos team k
     (void)scale, (void)softcap;  // the portable kernel takes them in the accumulation type (double for double)
     const Kernel kernel(c.q, c.k, c.v, c.o, lse, static_cast<Acc>(resolved_scale<typename C::T>(c.opts, c.q.extent(3))),
                         static_cast<Acc>(c.opts.softcap), mask, tiles);
-    const int league = checked_league("kfa::attention_forward", "batch * heads_q * query blocks",
+    const int league = checked_league(c.fn, "batch * heads_q * query blocks",
                                       static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) *
                                           kernel.n_qblocks);
     Kokkos::TeamPolicy<ExecSpace> policy(c.space, league, tiles.team_size);
-    policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
+    policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0))
+        .set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
     Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
   }
 };
@@ -357,7 +360,7 @@ template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                   const LV& lse, const AttentionOptions& opts, const Positions& pos) {
   using T = typename QV::non_const_value_type;
-  const ForwardCall<ExecSpace, QV, KV, VV, OV> c(space, q, k, v, o, opts);
+  const ForwardCall<ExecSpace, QV, KV, VV, OV> c(fn, space, q, k, v, o, opts);
   const ForwardPlan plan = forward_plan(fn, c);
   compat::ScopedRegion region(plan.region);
   if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
@@ -365,8 +368,8 @@ void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV&
                      opts.window_left, opts.window_right);
   const float scale = static_cast<float>(resolved_scale<T>(opts, q.extent(3)));
   const float softcap = static_cast<float>(opts.softcap);
-  with_family<ForwardFamilies>(plan.family,
-                               [&](auto family) { decltype(family)::launch(c, lse, scale, softcap, mask, plan.tiles); });
+  with_family<ForwardFamilies>(
+      plan.family, [&](auto family) { decltype(family)::launch(c, lse, scale, softcap, mask, plan.tiles); });
 }
 }  // namespace detail
 
@@ -378,7 +381,7 @@ ForwardPlan plan_forward(const ExecSpace& space, const QV& q, const KV& k, const
   constexpr const char* fn = "kfa::attention_forward";
   detail::check_qkv_and_options(fn, q, k, v, opts);
   detail::check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
-  return detail::forward_plan(fn, detail::ForwardCall<ExecSpace, QV, KV, VV, OV>(space, q, k, v, o, opts));
+  return detail::forward_plan(fn, detail::ForwardCall<ExecSpace, QV, KV, VV, OV>(fn, space, q, k, v, o, opts));
 }
 
 /// Exact attention forward. q [batch, seq_q, heads_q, d]; k, v [batch, seq_k, heads_kv, d];
@@ -453,6 +456,7 @@ struct BackwardCall {
   using dk_type = DKV;
   using dv_type = DVV;
   using T = typename QV::non_const_value_type;
+  const char* fn;  ///< the API function the call came through (its errors name it)
   const ExecSpace& space;
   const QV& q;
   const KV& k;
@@ -463,9 +467,10 @@ struct BackwardCall {
   const DVV& dv;
   const AttentionOptions& opts;
   int d;
-  BackwardCall(const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const DQV& dq_,
-               const DKV& dk_, const DVV& dv_, const AttentionOptions& op)
-      : space(s), q(q_), k(k_), v(v_), d_o(do_), dq(dq_), dk(dk_), dv(dv_), opts(op), d(static_cast<int>(q_.extent(3))) {}
+  BackwardCall(const char* f, const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const DOV& do_,
+               const DQV& dq_, const DKV& dk_, const DVV& dv_, const AttentionOptions& op)
+      : fn(f), space(s), q(q_), k(k_), v(v_), d_o(do_), dq(dq_), dk(dk_), dv(dv_), opts(op),
+        d(static_cast<int>(q_.extent(3))) {}
 };
 
 /// The backward's kernel families, in the order `automatic` tries them (see the forward's). Each one says why
@@ -527,8 +532,8 @@ struct TensorCoreBackwardFamily {  // 16-bit, sm_80+: wgmma (sm_90a), FA2-layout
   static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
                      const BackwardPlan& plan, BackwardParts parts) {
     if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      tc_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, !plan.atomic_dq,
-                         plan.wgmma, parts);
+      tc_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask,
+                         !plan.atomic_dq, plan.wgmma, parts);
     (void)c, (void)lse, (void)dd, (void)scale, (void)softcap, (void)mask, (void)plan, (void)parts;
   }
 };
@@ -547,7 +552,8 @@ struct Tf32BackwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_
   static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
                      const BackwardPlan&, BackwardParts parts) {
 #if KFA_HAS_TENSOR_CORES
-    if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value && std::is_same<typename C::T, float>::value)
+    if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value &&
+                  std::is_same<typename C::T, float>::value)
       tf32_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
 #endif
     (void)c, (void)lse, (void)dd, (void)scale, (void)softcap, (void)mask, (void)parts;
@@ -569,9 +575,11 @@ struct SimtBackwardFamily {  // float on CUDA: FMA tiles in registers (simt_back
   static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
                      const BackwardPlan&, BackwardParts parts) {
     if (c.d == 64)
-      simt_backward_launch_d<64>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
+      simt_backward_launch_d<64>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask,
+                                 parts);
     else
-      simt_backward_launch_d<128>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
+      simt_backward_launch_d<128>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask,
+                                  parts);
   }
 };
 struct PortableBackwardFamily {  // every backend and element type: Kokkos team kernels (backward_kernel.hpp)
@@ -587,7 +595,7 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
     plan.tiles = backward_tile_config(c.space, c.q, c.k, c.opts);
     const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
     if (plan.tiles.dkdv.scratch_l1 > l1_max || plan.tiles.dq.scratch_l1 > l1_max)
-      fail("kfa::attention_backward: tiles ", to_string(plan.tiles), " need ",
+      fail(c.fn, ": tiles ", to_string(plan.tiles), " need ",
            std::max(plan.tiles.dkdv.scratch_l1, plan.tiles.dq.scratch_l1),
            " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
   }
@@ -606,7 +614,7 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
       using K1 = DkDvKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type, typename C::do_type,
                             LV, DD, typename C::dk_type, typename C::dv_type>;
       const K1 k1(c.q, c.k, c.v, c.d_o, lse, dd, c.dk, c.dv, scale, softcap, mask, tiles.dkdv);
-      const int league = checked_league("kfa::attention_backward", "batch * heads_kv * key blocks",
+      const int league = checked_league(c.fn, "batch * heads_kv * key blocks",
                                         batch * static_cast<long>(c.k.extent(2)) * k1.n_kblocks);
       Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.dkdv.team_size);
       p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
@@ -617,7 +625,7 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
       using K2 = DqKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type, typename C::do_type,
                           LV, DD, typename C::dq_type>;
       const K2 k2(c.q, c.k, c.v, c.d_o, lse, dd, c.dq, scale, softcap, mask, tiles.dq);
-      const int league = checked_league("kfa::attention_backward", "batch * heads_q * query blocks",
+      const int league = checked_league(c.fn, "batch * heads_q * query blocks",
                                         batch * static_cast<long>(c.q.extent(2)) * k2.n_qblocks);
       Kokkos::TeamPolicy<ExecSpace> p2(c.space, league, tiles.dq.team_size);
       p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0))
@@ -636,8 +644,9 @@ template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, c
 BackwardPlan backward_plan(const char* fn, const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>& c) {
   using P = TileProductPath;
   const P shown = c.opts.path;
-  const P asked =
-      shown == P::tensor_core_team || shown == P::tensor_core_fa2 || shown == P::tensor_core_wgmma ? P::tensor_core : shown;
+  const bool names_tc_backward =
+      shown == P::tensor_core_team || shown == P::tensor_core_fa2 || shown == P::tensor_core_wgmma;
+  const P asked = names_tc_backward ? P::tensor_core : shown;
   BackwardPlan plan;
   plan.family = choose_family<BackwardFamilies>(fn, c, asked, shown);
   with_family<BackwardFamilies>(plan.family, [&](auto family) { decltype(family)::plan(c, plan); });
@@ -656,7 +665,7 @@ bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
                      const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
                      const AttentionOptions& opts, const Positions& pos, BackwardParts parts = BackwardParts::all) {
   using T = typename QV::non_const_value_type;
-  const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV> c(space, q, k, v, d_o, dq, dk, dv, opts);
+  const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV> c(fn, space, q, k, v, d_o, dq, dk, dv, opts);
   const BackwardPlan plan = backward_plan(fn, c);
   compat::ScopedRegion region(plan.region);
   const bool dq_with_dkdv = plan.family == TileProductPath::tensor_core && plan.atomic_dq;
@@ -703,7 +712,7 @@ BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, con
   detail::check_extents(fn, "dk", dk, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
   detail::check_extents(fn, "dv", dv, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
   return detail::backward_plan(
-      fn, detail::BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>(space, q, k, v, d_o, dq, dk, dv, opts));
+      fn, detail::BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>(fn, space, q, k, v, d_o, dq, dk, dv, opts));
 }
 
 /// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv
