@@ -21,7 +21,8 @@ template <class... Args>
 }
 
 /// The league (or grid) size of a launch as the int Kokkos and CUDA take, or an Error
-/// "<fn>: <what> = <league> exceeds 2^31 - 1". Every kernel launch of kfa sizes its league here.
+/// "<fn>: <what> = <league> exceeds 2^31 - 1". The attention kernels' launches (team policies and native grids)
+/// size their league here.
 inline int checked_league(const char* fn, const char* what, long league) {
   if (league > 2147483647L) fail(fn, ": ", what, " = ", league, " exceeds 2^31 - 1");
   return static_cast<int>(league);
