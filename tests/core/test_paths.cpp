@@ -178,6 +178,70 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
   }
 }
 
+// The tensor-core kernels on strided views, head dims 64 and 128 (the wgmma kernels on Hopper, which load them
+// with TMA there: its descriptors order the head and row dimensions by stride): every tensor in
+// [batch][head][row][d] memory (heads outside rows), and q, k, v packed as [batch][row][3][head][d] with the
+// gradients packed the same way; forward and backward against the float64 reference.
+TYPED_TEST(Paths, TensorCoreStridedLayouts) {
+  using T = TypeParam;
+  if constexpr (!kfa::has_tensor_core_path<Exec, T>::value) {
+    GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
+  } else {
+    using S4 = Kokkos::View<T****, Kokkos::LayoutStride, Mem>;
+    using Buf = Kokkos::View<T*, Mem>;
+    // A [batch][row][head][d] view of [batch][head][row][d] memory (buf outlives it).
+    auto heads_outer = [](const Buf& buf, int b, int n, int h, int d) {
+      return S4(buf.data(), Kokkos::LayoutStride(b, std::size_t(h) * n * d, n, d, h, std::size_t(n) * d, d, 1));
+    };
+    const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
+    for (int d : {64, 128}) {
+      for (int packed = 0; packed < 2; ++packed) {
+        // Many tiles on both sides (refills of every stage); GQA and seq_q != seq_k where not packed.
+        const Shape s = packed ? Shape{1, 520, 520, 2, 2, d} : Shape{1, small ? 200 : 600, 520, 4, 2, d};
+        RefOptions ro;
+        ro.causal = true;
+        const std::uint64_t seed = fresh_seed();
+        SCOPED_TRACE(describe(s, ro, seed) + (packed ? " packed qkv" : " heads outside rows"));
+        std::mt19937_64 rng(seed);
+        const std::size_t nq = std::size_t(s.batch) * s.seq_q * s.heads_q * d;
+        const std::size_t nk = std::size_t(s.batch) * s.seq_k * s.heads_kv * d;
+        Buf bq("q", nq), bk("k", nk), bv("v", nk), bo("o", nq), bdo("do", nq), bdq("dq", nq), bdk("dk", nk),
+            bdv("dv", nk);
+        Kokkos::View<T*****, Kokkos::LayoutRight, Mem> qkv("qkv", s.batch, s.seq_q, 3, s.heads_q, d),
+            dqkv("dqkv", s.batch, s.seq_q, 3, s.heads_q, d);
+        auto slot = [&](const decltype(qkv)& x, int i) {
+          return S4(Kokkos::subview(x, Kokkos::ALL, Kokkos::ALL, i, Kokkos::ALL, Kokkos::ALL));
+        };
+        const S4 q = packed ? slot(qkv, 0) : heads_outer(bq, s.batch, s.seq_q, s.heads_q, d);
+        const S4 k = packed ? slot(qkv, 1) : heads_outer(bk, s.batch, s.seq_k, s.heads_kv, d);
+        const S4 v = packed ? slot(qkv, 2) : heads_outer(bv, s.batch, s.seq_k, s.heads_kv, d);
+        const S4 dq = packed ? slot(dqkv, 0) : heads_outer(bdq, s.batch, s.seq_q, s.heads_q, d);
+        const S4 dk = packed ? slot(dqkv, 1) : heads_outer(bdk, s.batch, s.seq_k, s.heads_kv, d);
+        const S4 dv = packed ? slot(dqkv, 2) : heads_outer(bdv, s.batch, s.seq_k, s.heads_kv, d);
+        const S4 o = heads_outer(bo, s.batch, s.seq_q, s.heads_q, d), d_o = heads_outer(bdo, s.batch, s.seq_q, s.heads_q, d);
+        Lse<T> lse("lse", s.batch, s.heads_q, s.seq_q);
+        const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng),
+                   doh = fill_random(d_o, rng);
+        kfa::AttentionOptions opts = to_kfa(ro);
+        opts.path = kfa::TileProductPath::tensor_core;
+        poison(o), poison(lse), poison(dq), poison(dk), poison(dv);
+        kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+        kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
+        Exec().fence();
+        std::vector<double> oref, lref, dqr, dkr, dvr;
+        reference_forward64(s, ro, qh, kh, vh, oref, lref);
+        reference_backward64(s, ro, qh, kh, vh, doh, dqr, dkr, dvr);
+        const double tol = tolerance<T>();
+        EXPECT_TRUE(close_frobenius(to_doubles4(o), oref, tol)) << "o";
+        EXPECT_TRUE(close_lse(to_doubles3(lse), lref, tolerance<float>() * 10)) << "lse";
+        EXPECT_TRUE(close_frobenius(to_doubles4(dq), dqr, tol)) << "dq";
+        EXPECT_TRUE(close_frobenius(to_doubles4(dk), dkr, tol)) << "dk";
+        EXPECT_TRUE(close_frobenius(to_doubles4(dv), dvr, tol)) << "dv";
+      }
+    }
+  }
+}
+
 // Head dim 256: the FA2-layout kernels run it, forward and backward (dK/dV with 64 keys per block, dQ with one
 // m16 tile per warp). Where the device does not give them their shared memory (the backward: not sm_80's 163 KB;
 // neither: not sm_86/89's 99 KB), automatic runs the portable kernels and naming tensor_core there is an error

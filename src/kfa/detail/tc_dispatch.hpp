@@ -463,12 +463,17 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   if constexpr (!FuseDq && D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (wgmma) {
       using S = WgmmaBackwardShape<D>;
-      using K1 = TcWgmmaDkDvKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-      const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
-      const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-      checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
-      native_launch(space, "kfa::attention_backward::dkdv[tensor_core_wgmma]", &native_team_kernel<K1>, league,
-                    dim3(32, S::warps), S::smem, K1::MIN_BLOCKS, k1);
+      auto run = [&](auto tma) {  // the kernel loading by TMA where its descriptors are made, else by cp.async
+        using K1 = TcWgmmaDkDvKernel<D, Softcap, decltype(tma)::value, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
+        K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
+        if (decltype(tma)::value && !k1.set_tma()) return false;
+        const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+        checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
+        native_launch(space, "kfa::attention_backward::dkdv[tensor_core_wgmma]", &native_team_kernel<K1>, league,
+                      dim3(32, S::warps), S::smem, K1::MIN_BLOCKS, k1);
+        return true;
+      };
+      if (KFA_WGMMA_TMA == 0 || !run(std::true_type{})) run(std::false_type{});
       return;
     }
   }

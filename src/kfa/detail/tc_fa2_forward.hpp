@@ -387,20 +387,29 @@ std::string fa2_forward_problem(const ExecSpace& space, int d) {
 }
 
 #if KFA_HAS_TENSOR_CORES
+/// Fills the forward's arguments from the views for a kernel of `block_q` query rows per block; returns the
+/// number of blocks (native_launch checks it fits an int).
+template <class OutT, class QV, class KV, class VV, class OV, class LV>
+long set_forward_args(Fa2ForwardArgs<OutT>& a, int block_q, const QV& q, const KV& k, const VV& v, const OV& o,
+                      const LV& lse, float scale, float softcap, const KeyMask& mask) {
+  static_assert(std::is_same<typename OV::non_const_value_type, OutT>::value, "the kernel writes o's type");
+  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
+  const long league = a.set_qkv(q, k, v, block_q, scale, mask);
+  a.o = o.data();
+  a.lse = lse.data();
+  strides3(o, a.o_s), strides3(lse, a.l_s);
+  a.softcap = softcap;
+  return league;
+}
+
 /// Fills the forward's arguments from the views and launches `kernel` (a natively launched forward with
 /// shape Shape: this one, the 3xTF32 one) on the caller's stream; `name` is its profiling region.
 template <class Shape, class OutT, class QV, class KV, class VV, class OV, class LV>
 void native_forward_launch(const Kokkos::Cuda& space, const char* name, void (*kernel)(Fa2ForwardArgs<OutT>), const QV& q,
                            const KV& k, const VV& v, const OV& o, const LV& lse, float scale, float softcap,
                            const KeyMask& mask) {
-  static_assert(std::is_same<typename OV::non_const_value_type, OutT>::value, "the kernel writes o's type");
-  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
   Fa2ForwardArgs<OutT> a;
-  const long league = a.set_qkv(q, k, v, Shape::block_q, scale, mask);  // native_launch checks it fits an int
-  a.o = o.data();
-  a.lse = lse.data();
-  strides3(o, a.o_s), strides3(lse, a.l_s);
-  a.softcap = softcap;
+  const long league = set_forward_args(a, Shape::block_q, q, k, v, o, lse, scale, softcap, mask);
   native_launch(space, name, kernel, league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
 }
 

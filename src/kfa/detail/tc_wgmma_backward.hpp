@@ -6,7 +6,8 @@
 ///
 /// dK/dV, per block: two warpgroups (8 warps), BK = 128 owned keys, 64 per warpgroup and 16 per warp; K and V stay
 /// in shared memory; query tiles of BQ = 64 rows of every query head of the group stream through
-/// KFA_WGMMA_BWD_STAGES stages (Q, dO with cp.async, and the rows' lse and D). A step, per warpgroup:
+/// KFA_WGMMA_BWD_STAGES stages (Q and dO by TMA, tc_tma.hpp, or cp.async; the rows' lse and D). A step, per
+/// warpgroup:
 ///   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   m64n64k16, both operands from shared memory (K-major, as S = Q·Kᵀ in the
 ///                               forward), issued together and waited for once;
 ///   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ softcap'), in registers, then packed to
@@ -17,7 +18,8 @@
 /// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name.
 /// dQ comes from a second kernel here, the wgmma forward's layout with the dQ kernel's recomputation: by
 /// default the warp-specialized one (tc_wgmma_ws_dq_kernel: a producer warpgroup and 4 stages of 64-key K/V
-/// tiles, as the warp-specialized forward), else the two-warpgroup tc_wgmma_dq_kernel (KFA_WGMMA_DQ_WS=0).
+/// tiles loaded by TMA, as the warp-specialized forward), else the two-warpgroup tc_wgmma_dq_kernel
+/// (KFA_WGMMA_DQ_WS=0).
 ///
 /// Both need the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
 #include <kfa/detail/backward_kernel.hpp>     // recompute_lse
@@ -59,7 +61,10 @@ namespace tc {
 /// before_first: warpgroup 1 waits for 0 to have issued its first products; after_first: each lets the other
 /// go on (0 → 1's first, 1 → 0's second); before_second: each waits for the other's products issued before;
 /// after_second: 0 lets 1 issue its second. Barrier 1 counts 0's arrivals and 1's waits, barrier 2 the
-/// reverse: two uses of 1 and one of 2 per step, balanced.
+/// reverse: two uses of 1 and one of 2 per step, balanced. Both kernels end each step with a block-wide
+/// barrier, and need it: without one, warpgroup 0 can arrive on barrier 1 for step t + 1's first products
+/// before warpgroup 1 waited for step t's second ones, which completes the barrier without warpgroup 1 (a
+/// dK/dV kernel without it hung so on the H200; perf/RESULTS.md).
 __device__ __forceinline__ void pingpong_before_first(int wg) {
 #if KFA_WGMMA_BWD_PINGPONG
   if (wg == 1) named_sync<1>(256);
@@ -98,8 +103,9 @@ __device__ __forceinline__ void pingpong_after_second(int wg) {
 #endif
 
 /// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], `stages` stages of Q and dO [BQ][D]
-/// (16-bit, unpadded) and of the rows' lse and D (fp32), and 1 KB to align the tiles to the swizzle's period
-/// (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or 32.5 KB).
+/// (16-bit, unpadded) and of the rows' lse and D (fp32), a "full" mbarrier per stage (TMA), and 1 KB to
+/// align the tiles to the swizzle's period (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or
+/// 32.5 KB).
 template <int D>
 struct WgmmaBackwardShape {
   static constexpr int warps = 8;      // two warpgroups
@@ -108,13 +114,16 @@ struct WgmmaBackwardShape {
   static constexpr int stages = KFA_WGMMA_BWD_STAGES;
   static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;  // one Q or dO tile
   static constexpr std::size_t smem =
-      2u * block_k * D * 2 + stages * 2u * tile_q + stages * 2u * block_q * 4 + 1024;
+      2u * block_k * D * 2 + stages * 2u * tile_q + stages * 2u * block_q * 4 + 8u * stages + 1024;
   static_assert(D % 64 == 0 && D <= 128, "64-element panels; wgmma's n of dV and dK is D");
   static_assert(stages >= 2 && stages <= 4, "KFA_WGMMA_BWD_STAGES: 2 to 4");
 };
 
 #if KFA_HAS_TENSOR_CORES
-template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV, class DVV>
+/// Tma: the tiles come by TMA (tma holds the descriptors), else by cp.async. A template parameter, not a
+/// flag: both paths in one body cost the d = 128 softcap instance 4 bytes of spill at 255 registers.
+template <int D, bool Softcap, bool Tma, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV,
+          class DVV>
 struct TcWgmmaDkDvKernel {
   using T = typename QV::non_const_value_type;
   using Shape = WgmmaBackwardShape<D>;
@@ -134,6 +143,7 @@ struct TcWgmmaDkDvKernel {
   float scale;
   TcRecomputeConsts pc;
   KeyMask mask;
+  TmaMaps tma;  // Tma: q, dO (boxes of BQ rows), k, v (BK rows), made by set_tma
 
   TcWgmmaDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
                     const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_)
@@ -141,6 +151,14 @@ struct TcWgmmaDkDvKernel {
         seq_k(static_cast<int>(k_.extent(1))), heads_kv(static_cast<int>(k_.extent(2))),
         group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
         pc(scale_, softcap_), mask(mask_) {}
+
+  /// Makes the TMA descriptors (the host, before the launch); false where the driver cannot (then the
+  /// kernel with Tma = false runs).
+  bool set_tma() {
+    tma_maps_done(tma, tma_map_rows(tma, 0, q, BQ) && tma_map_rows(tma, 1, d_o, BQ) && tma_map_rows(tma, 2, k, BK) &&
+                           tma_map_rows(tma, 3, v, BK));
+    return tma.on != 0;
+  }
 
   /// The body of block `lr` (native_team_kernel), with Shape::smem bytes of shared memory at smem.
   __device__ void run(int lr, char* smem) const {
@@ -159,6 +177,12 @@ struct TcWgmmaDkDvKernel {
     const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + BK * D * 2, stage0 = vs + BK * D * 2;
     constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
     float* rows_s = reinterpret_cast<float*>(smem + (stage0 + ST * 2 * tile_q - base));
+    // With TMA thread 0 issues each stage's Q and dO tiles (and K, V with stage 0's) as whole tiles that
+    // complete the stage's full mbarrier, which every thread waits on instead of its cp.async groups and the
+    // step's first __syncthreads; else every thread issues cp.async.
+    constexpr bool use_tma = Tma;
+    const std::uint32_t full0 = stage0 + ST * 2 * tile_q + ST * 2 * BQ * 4;
+    auto full = [&](int st) { return full0 + 8u * static_cast<std::uint32_t>(st); };
 
     const long qb0 = mask.query_begin(k0);
     const long qb1 = mask.query_end(k0 + keys, seq_q);
@@ -168,43 +192,64 @@ struct TcWgmmaDkDvKernel {
     const auto* qbase = q.data() + b * q.stride(0) + static_cast<long>(hk) * group * q.stride(2);
     const auto* dobase = d_o.data() + b * d_o.stride(0) + static_cast<long>(hk) * group * d_o.stride(2);
     // Steps run over the visible query tiles (fastest) of each query head of the group: step = gh·n_qt + qt.
-    auto issue = [&](int step, int st) {
+    // `extra`: more bytes the stage's full barrier waits for (K and V with step 0's, by TMA).
+    auto issue = [&](int step, int st, std::uint32_t extra) {
       const int qt = step % n_qt, gh = step / n_qt;
       const long i = qb0 + static_cast<long>(qt) * BQ;
       const int rows = static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
       const std::uint32_t qd = stage0 + st * 2 * tile_q;
+      if constexpr (use_tma) {
+        if (tid == 0) {
+          tc::mbar_arrive_expect_tx(full(st), 2 * tile_q + extra);
+          tc::tma_rows<D, BQ>(qd, tma, 0, static_cast<int>(i), hk * group + gh, b, full(st));
+          tc::tma_rows<D, BQ>(qd + tile_q, tma, 1, static_cast<int>(i), hk * group + gh, b, full(st));
+        }
+        return;
+      }
       tc::load_tile_sw128<D, BQ, NTH>(qd, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)),
                                       qstride, rows, tid);
       tc::load_tile_sw128<D, BQ, NTH>(
           qd + tile_q, reinterpret_cast<const std::uint16_t*>(dobase + i * dostride + gh * d_o.stride(2)), dostride,
           rows, tid);
     };
-    // Row tid's lse·log2(e) and D of a step (rows past the visible ones: +inf and 0, so Pᵀ = 0 there).
-    auto row_values = [&](int step, float& l2, float& d) {
+    // Row r's lse·log2(e) and D of a step (rows past the visible ones: +inf and 0, so Pᵀ = 0 there).
+    auto row_values = [&](int step, int r, float& l2, float& d) {
       const int qt = step % n_qt, gh = step / n_qt;
-      const long i = qb0 + static_cast<long>(qt) * BQ + tid;
+      const long i = qb0 + static_cast<long>(qt) * BQ + r;
       const int hq = hk * group + gh;
-      const bool in = tid < BQ && i < qb1;
+      const bool in = r >= 0 && r < BQ && i < qb1;
       l2 = in ? recompute_lse(static_cast<float>(lse(b, hq, i))) * tc::log2e : compat::infinity<float>();
       d = in ? static_cast<float>(dd(b, hq, i)) : 0.f;
     };
+    constexpr std::uint32_t kv_bytes = 2u * BK * D * 2;
     if (steps > 0) {
-      tc::load_tile_sw128<D, BK, NTH>(
-          ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
-          static_cast<long>(k.stride(1)), keys, tid);
-      tc::load_tile_sw128<D, BK, NTH>(
-          vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
-          static_cast<long>(v.stride(1)), keys, tid);
+      if constexpr (use_tma) {
+        if (tid == 0) {
+          for (int i = 0; i < 4; ++i) tc::tma_prefetch(tma, i);
+          for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), 1);
+          asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+          tc::tma_rows<D, BK>(ks, tma, 2, k0, hk, b, full(0));
+          tc::tma_rows<D, BK>(vs, tma, 3, k0, hk, b, full(0));
+        }
+      } else {
+        tc::load_tile_sw128<D, BK, NTH>(
+            ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+            static_cast<long>(k.stride(1)), keys, tid);
+        tc::load_tile_sw128<D, BK, NTH>(
+            vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+            static_cast<long>(v.stride(1)), keys, tid);
+      }
     }
     // Steps 0 .. ST − 2 in flight, one commit group each (K and V ride with step 0's).
 #pragma unroll
     for (int s0 = 0; s0 < ST - 1; ++s0) {
       if (s0 < steps) {
-        issue(s0, s0);
-        if (tid < BQ) row_values(s0, rows_s[s0 * 2 * BQ + tid], rows_s[s0 * 2 * BQ + BQ + tid]);
+        issue(s0, s0, s0 == 0 ? kv_bytes : 0u);
+        if (tid < BQ) row_values(s0, tid, rows_s[s0 * 2 * BQ + tid], rows_s[s0 * 2 * BQ + BQ + tid]);
       }
       tc::cp_async_commit();
     }
+    if constexpr (use_tma) __syncthreads();  // the barriers' init and the first steps' rows (cp.async: at step 0)
 
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
@@ -230,13 +275,17 @@ struct TcWgmmaDkDvKernel {
       const int nst = st == 0 ? ST - 1 : st - 1;
       float next_l2 = 0.f, next_d = 0.f;
       if (next) {
-        issue(step + ST - 1, nst);
-        row_values(step + ST - 1, next_l2, next_d);
+        issue(step + ST - 1, nst, 0u);
+        row_values(step + ST - 1, tid, next_l2, next_d);
       }
-      tc::cp_async_commit();
-      tc::cp_async_wait<ST - 1>();  // all but the ST − 1 groups after this step's
-      tc::fence_proxy_async();
-      __syncthreads();  // this step's Q and dO (and K, V), lse and D are in
+      if constexpr (use_tma) {
+        tc::mbar_wait(full(st), static_cast<unsigned>(step / ST) & 1u);  // this step's Q and dO (and K, V)
+      } else {
+        tc::cp_async_commit();
+        tc::cp_async_wait<ST - 1>();  // all but the ST − 1 groups after this step's
+        tc::fence_proxy_async();
+        __syncthreads();  // this step's Q and dO (and K, V), lse and D are in
+      }
       const std::uint32_t qs = stage0 + st * 2 * tile_q, dos = qs + tile_q;
       const float* lse_s = rows_s + st * 2 * BQ;
       const float* dd_s = lse_s + BQ;
@@ -543,15 +592,22 @@ __global__ void __launch_bounds__(32 * WgmmaDqShape<D>::warps, 1)
 #endif
 }
 
+/// The warp-specialized dQ kernel's arguments: the dQ kernels', and TMA descriptors of q, dO, k and v.
+template <class OutT>
+struct WgmmaWsDqArgs : Fa2DqArgs<OutT> {
+  TmaMaps tma;
+};
+
 /// The warp-specialized wgmma dQ kernel: tc_wgmma_dq_kernel's products in the warp-specialized forward's
 /// structure (tc_wgmma_ws_forward_kernel). Warpgroup 2 loads Q and dO, then each 64-key K/V tile into stage
-/// t mod STAGES (cp.async arriving on the stage's "full" mbarrier; it waits on the stage's "empty" one before a
-/// refill). Warpgroups 0 and 1 (64 rows each), in turns (named barriers 1 and 2): issue S_t = Q·K_tᵀ and
+/// t mod STAGES (tc::ws_produce: by TMA from one thread where a.tma.on, else by cp.async from all 128; the
+/// stage's "full" mbarrier completes when they land; it waits on the stage's "empty" one before a refill).
+/// Warpgroups 0 and 1 (64 rows each), in turns (named barriers 1 and 2): issue S_t = Q·K_tᵀ and
 /// dP_t = dO·V_tᵀ, then dQ += dS_{t-1}·K_{t-1}; wait for S_t and dP_t only, compute dS_t in place, wait for
 /// the dQ product, release stage t − 1, pack dS_t. No atomics: each block owns its rows of dQ.
 template <int D, bool Softcap, class T, class OutT>
 __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
-    tc_wgmma_ws_dq_kernel(const __grid_constant__ Fa2DqArgs<OutT> a) {
+    tc_wgmma_ws_dq_kernel(const __grid_constant__ WgmmaWsDqArgs<OutT> a) {
 #if KFA_WGMMA_DEVICE
   using Shape = WgmmaWsDqShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
@@ -566,15 +622,9 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * D * 2;
   const std::uint32_t ks0 = dos + BQ * D * 2;
   constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
-  const std::uint32_t bars = qs + static_cast<std::uint32_t>(Shape::tile_bytes);
-  const std::uint32_t q_full = bars;
-  auto full = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + st); };
-  auto empty = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); };
-  if (threadIdx.x == 0) {
-    tc::mbar_init(q_full, NP);
-    for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), NP), tc::mbar_init(empty(st), 256);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
+  const bool tma = a.tma.on != 0;
+  if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
   __syncthreads();  // the last block-wide barrier: the producer leaves early
 
   const long j_begin = mask.key_begin(i0);
@@ -583,25 +633,45 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   if (wg == 2) {  // the producer: 56 registers (its four tiles' address arithmetic spilled at 24 and 40)
     tc::setmaxnreg_dec<56>();
     const int tid = threadIdx.x - 256;
-    tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
-                                   rows, tid);
-    tc::load_tile_sw128<D, BQ, NP>(dos, a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
-                                   a.do_s[1], rows, tid);
-    tc::cp_async_mbar_arrive(q_full);
+    if (tma) {
+      if (tid == 0) {
+        for (int i = 0; i < 4; ++i) tc::tma_prefetch(a.tma, i);
+        tc::ws_produce<ST>(
+            bar, j_begin, j_end, BC,
+            [&](std::uint32_t full) {
+              tc::mbar_arrive_expect_tx(full, 2 * BQ * D * 2);
+              tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
+              tc::tma_rows<D, BQ>(dos, a.tma, 1, i0, h, b, full);
+            },
+            [&](int st, long j0, std::uint32_t full) {
+              const std::uint32_t kd = ks0 + st * stage_bytes;
+              tc::mbar_arrive_expect_tx(full, stage_bytes);
+              tc::tma_rows<D, BC>(kd, a.tma, 2, static_cast<int>(j0), hk, b, full);
+              tc::tma_rows<D, BC>(kd + kv_bytes, a.tma, 3, static_cast<int>(j0), hk, b, full);
+            });
+      }
+      return;
+    }
     const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
     const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
     const long kstride = a.k_s[1], vstride = a.v_s[1];
-    int st = 0;
-    unsigned use = 0;  // how many times stage st was filled before
-    for (long j0 = j_begin; j0 < j_end; j0 += BC) {
-      if (use > 0) tc::mbar_wait(empty(st), (use - 1) & 1);
-      const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
-      const std::uint32_t kd = ks0 + st * stage_bytes;
-      tc::load_tile_sw128<D, BC, NP>(kd, kbase + j0 * kstride, kstride, cols, tid);
-      tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + j0 * vstride, vstride, cols, tid);
-      tc::cp_async_mbar_arrive(full(st));
-      if (++st == ST) st = 0, ++use;
-    }
+    tc::ws_produce<ST>(
+        bar, j_begin, j_end, BC,
+        [&](std::uint32_t full) {
+          tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
+                                         a.q_s[1], rows, tid);
+          tc::load_tile_sw128<D, BQ, NP>(dos,
+                                         a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
+                                         a.do_s[1], rows, tid);
+          tc::cp_async_mbar_arrive(full);
+        },
+        [&](int st, long j0, std::uint32_t full) {
+          const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+          const std::uint32_t kd = ks0 + st * stage_bytes;
+          tc::load_tile_sw128<D, BC, NP>(kd, kbase + j0 * kstride, kstride, cols, tid);
+          tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + j0 * vstride, vstride, cols, tid);
+          tc::cp_async_mbar_arrive(full);
+        });
     tc::cp_async_wait_all();
     return;
   }
@@ -665,8 +735,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   };
   // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ and dP = dO·Vᵀ from it.
   auto issue_s_dp = [&](int st, unsigned use) {
-    tc::mbar_wait(full(st), use & 1);
-    tc::fence_proxy_async();  // the producer's cp.async writes, seen through the barrier, before wgmma reads
+    tc::mbar_wait(bar.full(st), use & 1);
+    tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes, vst = kst + kv_bytes;
     if (wg == 0)
       tc::named_sync<1>(256);
@@ -702,7 +772,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
       tc::named_arrive<1>(256);
   };
 
-  tc::mbar_wait(q_full, 0);
+  tc::mbar_wait(bar.head(), 0);
   if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
   if (j_begin < j_end) {
     issue_s_dp(0, 0);
@@ -724,7 +794,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
       ds_in_place(j0);
       tc::wgmma_wait<0>();  // dQ += dS_{t-1}·K_{t-1}: its stage is free, da may be written
       tc::wgmma_hold(acc);
-      tc::mbar_arrive(empty(prev));
+      tc::mbar_arrive(bar.empty(prev));
       pack();
       prev = st;
       if (++st == ST) st = 0, ++use;
@@ -756,14 +826,20 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, cons
   using T = typename QV::non_const_value_type;
   using OutT = typename DQV::non_const_value_type;
   using Shape = WgmmaDqRunShape<D>;
-  Fa2DqArgs<OutT> a;
-  const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, Shape::block_q, scale, softcap, mask);
-  if (KFA_WGMMA_DQ_WS != 0)
+  if (KFA_WGMMA_DQ_WS != 0) {
+    using WS = WgmmaWsDqShape<D>;
+    WgmmaWsDqArgs<OutT> a;
+    const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, WS::block_q, scale, softcap, mask);
+    tma_maps_done(a.tma, tma_map_rows(a.tma, 0, q, WS::block_q) && tma_map_rows(a.tma, 1, d_o, WS::block_q) &&
+                             tma_map_rows(a.tma, 2, k, WS::block_k) && tma_map_rows(a.tma, 3, v, WS::block_k));
     native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma,ws]",
-                  &tc_wgmma_ws_dq_kernel<D, Softcap, T, OutT>, league, dim3(32 * Shape::warps), Shape::smem, 1, a);
-  else
+                  &tc_wgmma_ws_dq_kernel<D, Softcap, T, OutT>, league, dim3(32 * WS::warps), WS::smem, 1, a);
+  } else {
+    Fa2DqArgs<OutT> a;
+    const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, Shape::block_q, scale, softcap, mask);
     native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma]", &tc_wgmma_dq_kernel<D, Softcap, T, OutT>,
                   league, dim3(32 * Shape::warps), Shape::smem, 1, a);
+  }
 }
 #endif  // KFA_HAS_TENSOR_CORES
 

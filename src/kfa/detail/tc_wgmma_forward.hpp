@@ -15,13 +15,14 @@
 /// - The scores' softcap, mask and online softmax (lazy rescaling, base 2) are those of the FA2-layout
 ///   kernel, per warp on its 16 rows; the accumulators have the m16n8 C layout per warp.
 /// - At d = 128 without softcap, tc_wgmma_ws_forward_kernel runs instead: the same two warpgroups plus a
-///   producer warpgroup that does all the loads (warp specialization; see its comment).
+///   producer warpgroup that does all the loads, by TMA (tc_tma.hpp; warp specialization; see its comment).
 ///
 /// Needs the translation unit compiled for sm_90a too (`-gencode=arch=compute_90a,code=sm_90a`, which kfa's
 /// own build adds with KFA_ENABLE_SM90A); every other image has a trapping body. A binary may carry both an
 /// sm_90 and an sm_90a image and the CUDA runtime picks one per device, so the plan asks the device once
 /// which one it loaded (wgmma_loaded) and runs the FA2-layout kernel where it is not the sm_90a one.
 #include <kfa/detail/tc_fa2_forward.hpp>  // Fa2ForwardArgs, native_forward_launch
+#include <kfa/detail/tc_tma.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -270,6 +271,40 @@ __device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbar_arrive(std::uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+
+/// The mbarriers of the warp-specialized kernels, 8 bytes each from `bars`: the block's resident tiles
+/// ("head"), then "full" and "empty" per stage.
+template <int ST>
+struct WsBarriers {
+  std::uint32_t bars;
+  __device__ std::uint32_t head() const { return bars; }
+  __device__ std::uint32_t full(int st) const { return bars + 8u * static_cast<std::uint32_t>(1 + st); }
+  __device__ std::uint32_t empty(int st) const { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); }
+  /// One thread: head and full complete after `loads` arrivals (1 with TMA: the issuing thread's, which also
+  /// announces the bytes; the producer's 128 threads with cp.async), empty after the 256 consumer threads'.
+  __device__ void init(unsigned loads) const {
+    mbar_init(head(), loads);
+    for (int st = 0; st < ST; ++st) mbar_init(full(st), loads), mbar_init(empty(st), 256);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+};
+
+/// The producer of the warp-specialized kernels: `head(bar)` loads the block's resident tiles onto the head
+/// barrier, then key tile t (j0 = j_begin + t·bc < j_end) goes to stage t mod ST once the consumers have
+/// released the stage's previous tile: `tile(stage, j0, the stage's full barrier)`. Run by the one thread that
+/// issues TMA copies, or by every producer thread with cp.async.
+template <int ST, class J, class Head, class Tile>
+__device__ __forceinline__ void ws_produce(const WsBarriers<ST>& w, J j_begin, J j_end, int bc, Head&& head,
+                                           Tile&& tile) {
+  head(w.head());
+  int st = 0;
+  unsigned use = 0;  // how many times stage st was filled before
+  for (J j0 = j_begin; j0 < j_end; j0 += bc) {
+    if (use > 0) mbar_wait(w.empty(st), (use - 1) & 1);
+    tile(st, j0, w.full(st));
+    if (++st == ST) st = 0, ++use;
+  }
+}
 template <int ID>
 __device__ __forceinline__ void named_sync(int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
@@ -470,11 +505,18 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
 #endif
 }
 
-/// The warp-specialized wgmma forward (FlashAttention-3's structure without TMA), no softcap (d = 128; d = 64
-/// with KFA_WGMMA_WS_D64).
-/// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg), loads Q and then every K/V tile with
-///   cp.async into stage t mod STAGES, each thread's copies arriving on the stage's "full" mbarrier when they
-///   land; before refilling a stage it waits on its "empty" mbarrier.
+/// The warp-specialized forward's arguments: the forward's, and TMA descriptors of q, k and v (TmaMaps).
+template <class OutT>
+struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
+  TmaMaps tma;
+};
+
+/// The warp-specialized wgmma forward (FlashAttention-3's structure), no softcap (d = 128; d = 64 with
+/// KFA_WGMMA_WS_D64).
+/// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg) and loads Q and then every K/V tile
+///   into stage t mod STAGES, which completes the stage's "full" mbarrier; before refilling a stage it waits
+///   on its "empty" mbarrier (tc::ws_produce). With TMA descriptors (a.tma.on) one thread issues the whole
+///   tiles; else its 128 threads issue 16-byte cp.async, each arriving on the barrier when its copies land.
 /// - Warpgroups 0 and 1 compute as in tc_wgmma_forward_kernel (64 rows each), with no block-wide barrier:
 ///   each waits on the stage's full barrier, issues S_t = Q·K_tᵀ and then O += P_{t-1}·V_{t-1} in its turn
 ///   (named barriers 1 and 2 alternate the turns, so one warpgroup's softmax runs while the other's products
@@ -482,7 +524,7 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
 ///   stage t - 1's empty barrier, rescales O and packs P_t.
 template <int D, class T, class OutT>
 __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
-    tc_wgmma_ws_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
+    tc_wgmma_ws_forward_kernel(const __grid_constant__ WgmmaWsForwardArgs<OutT> a) {
 #if KFA_WGMMA_DEVICE
   using Shape = WgmmaWsForwardShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
@@ -497,15 +539,9 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
   const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
   constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
-  const std::uint32_t bars = qs + static_cast<std::uint32_t>(Shape::tile_bytes);
-  const std::uint32_t q_full = bars;
-  auto full = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + st); };
-  auto empty = [&](int st) { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); };
-  if (threadIdx.x == 0) {
-    tc::mbar_init(q_full, NP);
-    for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), NP), tc::mbar_init(empty(st), 256);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
+  const bool tma = a.tma.on != 0;
+  if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
   __syncthreads();  // the last block-wide barrier: the producer leaves early
 
   const int j_begin = static_cast<int>(mask.key_begin(i0));  // seq_k < 2^31 - 256 (wgmma_forward_why_not)
@@ -514,23 +550,42 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   if (wg == 2) {  // the producer
     tc::setmaxnreg_dec<24>();
     const int tid = threadIdx.x - 256;
-    tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
-                                   a.q_s[1], rows, tid);
-    tc::cp_async_mbar_arrive(q_full);
+    if (tma) {
+      if (tid == 0) {
+        for (int i = 0; i < 3; ++i) tc::tma_prefetch(a.tma, i);
+        tc::ws_produce<ST>(
+            bar, j_begin, j_end, BC,
+            [&](std::uint32_t full) {
+              tc::mbar_arrive_expect_tx(full, BQ * D * 2);
+              tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
+            },
+            [&](int st, int j0, std::uint32_t full) {
+              const std::uint32_t kd = ks0 + st * stage_bytes;
+              tc::mbar_arrive_expect_tx(full, stage_bytes);
+              tc::tma_rows<D, BC>(kd, a.tma, 1, j0, hk, b, full);
+              tc::tma_rows<D, BC>(kd + kv_bytes, a.tma, 2, j0, hk, b, full);
+            });
+      }
+      return;
+    }
     const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
     const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
     const long kstride = a.k_s[1], vstride = a.v_s[1];
-    int st = 0;
-    unsigned use = 0;  // how many times stage st was filled before
-    for (int j0 = j_begin; j0 < j_end; j0 += BC) {
-      if (use > 0) tc::mbar_wait(empty(st), (use - 1) & 1);
-      const int cols = j_end - j0 < BC ? j_end - j0 : BC;
-      const std::uint32_t kd = ks0 + st * stage_bytes;
-      tc::load_tile_sw128<D, BC, NP>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
-      tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
-      tc::cp_async_mbar_arrive(full(st));
-      if (++st == ST) st = 0, ++use;
-    }
+    tc::ws_produce<ST>(
+        bar, j_begin, j_end, BC,
+        [&](std::uint32_t full) {
+          tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
+                                         a.q_s[1], rows, tid);
+          tc::cp_async_mbar_arrive(full);
+        },
+        [&](int st, int j0, std::uint32_t full) {
+          const int cols = j_end - j0 < BC ? j_end - j0 : BC;
+          const std::uint32_t kd = ks0 + st * stage_bytes;
+          tc::load_tile_sw128<D, BC, NP>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
+          tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols,
+                                         tid);
+          tc::cp_async_mbar_arrive(full);
+        });
     tc::cp_async_wait_all();
     return;
   }
@@ -608,8 +663,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   };
   // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ from it.
   auto issue_s = [&](int st, unsigned use) {
-    tc::mbar_wait(full(st), use & 1);
-    tc::fence_proxy_async();  // the producer's cp.async writes, seen through the barrier, before wgmma reads
+    tc::mbar_wait(bar.full(st), use & 1);
+    tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes;
     if (wg == 0)
       tc::named_sync<1>(256);
@@ -638,7 +693,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
       tc::named_arrive<1>(256);
   };
 
-  tc::mbar_wait(q_full, 0);
+  tc::mbar_wait(bar.head(), 0);
   if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
   if (j_begin < j_end) {
     issue_s(0, 0);
@@ -659,7 +714,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
       const bool rescale = softmax(j0, f);
       tc::wgmma_wait<0>();  // O += P_{t-1}·V_{t-1}: its stage is free, acc and pa may be written
       tc::wgmma_hold(acc);
-      tc::mbar_arrive(empty(prev));
+      tc::mbar_arrive(bar.empty(prev));
       rescale_and_pack(rescale, f);
       prev = st;
       if (++st == ST) st = 0, ++use;
@@ -773,9 +828,13 @@ void wgmma_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k,
   using OutT = typename OV::non_const_value_type;
   if constexpr (!Softcap) {
     if (wgmma_ws_forward(D, Softcap)) {
-      native_forward_launch<WgmmaWsForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
-                                                           &tc_wgmma_ws_forward_kernel<D, T, OutT>, q, k, v, o, lse,
-                                                           scale, softcap, mask);
+      using Shape = WgmmaWsForwardShape<D>;
+      WgmmaWsForwardArgs<OutT> a;
+      const long league = set_forward_args(a, Shape::block_q, q, k, v, o, lse, scale, softcap, mask);
+      tma_maps_done(a.tma, tma_map_rows(a.tma, 0, q, Shape::block_q) && tma_map_rows(a.tma, 1, k, Shape::block_k) &&
+                               tma_map_rows(a.tma, 2, v, Shape::block_k));
+      native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, T, OutT>,
+                    league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
       return;
     }
   }
