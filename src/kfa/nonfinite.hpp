@@ -5,9 +5,14 @@
 /// check its inputs for NaN/Inf, and does not clamp or repair anything):
 ///  - NaN or ±Inf in a row of q makes that query row's o (and lse) NaN; other rows are unaffected.
 ///  - NaN or ±Inf in a row of k or v poisons every query row that sees that key (all of them without a
-///    mask; with causal/window masks only the rows whose visible range contains the key): their o, and
-///    with k also their lse, become NaN (an Inf in v can also give ±Inf in o). In the ring (kfa::dist) that
-///    spreads to every rank whose queries see the bad key.
+///    mask; with causal/window masks the rows whose visible range contains the key): their o, and with k
+///    also their lse, become NaN (an Inf in v can also give ±Inf in o). With k, rows that do not see the
+///    key are unaffected. With v, such rows near the mask edge can be poisoned too: the kernels' tile
+///    products multiply the masked probabilities (0) by the whole tile of v, and 0·NaN = NaN. That reaches
+///    only rows fewer than block_q + block_k − 1 rows from one that sees the key (the tiles of the call's
+///    kfa::plan_forward); a poisoned o row is NaN in all its elements, every other row is exact
+///    (tests/core/test_nonfinite.cpp checks both). In the ring (kfa::dist) the poison spreads to every rank
+///    whose queries see the bad key.
 ///  - Finite inputs whose scores q·k·scale overflow the compute dtype (e.g. values of 1e20 in float32, or
 ///    a huge softmax scale) give Inf - Inf = NaN in the online softmax: o and lse NaN where the exact
 ///    result is finite. Compute in float64 or use a smaller scale.

@@ -39,9 +39,10 @@ struct SoftmaxState {
   KOKKOS_INLINE_FUNCTION static SoftmaxState empty() {
     return {-compat::infinity<T>(), T(0)};
   }
-  /// Natural-log log-sum-exp of the row: m + log ℓ, or −inf for an empty row.
+  /// Natural-log log-sum-exp of the row: m + log ℓ, or −inf for an empty row (ℓ = 0). A NaN ℓ (a NaN score:
+  /// NaN in q or k) gives NaN, not −inf, so the bad input shows in lse as in o.
   KOKKOS_INLINE_FUNCTION T lse() const {
-    return l > T(0) ? m + compat::log(l) : -compat::infinity<T>();
+    return l == T(0) ? -compat::infinity<T>() : m + compat::log(l);
   }
 };
 

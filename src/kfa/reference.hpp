@@ -92,7 +92,7 @@ void reference_attention(const ExecSpace& space, const QV& q, const KV& k, const
               s(i, j) = p;
               sum += p;
             }
-            for (int j = 0; j < nk; ++j) s(i, j) = sum > Acc(0) ? s(i, j) / sum : Acc(0);
+            for (int j = 0; j < nk; ++j) s(i, j) = sum == Acc(0) ? Acc(0) : s(i, j) / sum;
             lse(b, h, i) = SoftmaxState<Acc>{mx, sum}.lse();
           });
       if (nk > 0) {
@@ -176,7 +176,7 @@ void reference_attention_backward(const ExecSpace& space, const QV& q, const KV&
               }
               Acc pdp = 0;
               for (int j = 0; j < nk; ++j) {
-                p(i, j) = sum > Acc(0) ? p(i, j) / sum : Acc(0);
+                p(i, j) = sum == Acc(0) ? Acc(0) : p(i, j) / sum;
                 pdp += p(i, j) * dp(i, j);
               }
               for (int j = 0; j < nk; ++j) {

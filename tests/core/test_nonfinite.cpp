@@ -107,3 +107,85 @@ TYPED_TEST(NonFinite, Rank3AndStridedSubview) {
   auto h0 = Kokkos::subview(x, Kokkos::ALL, Kokkos::ALL, 0, Kokkos::ALL);  // rank 3, strided
   EXPECT_EQ(kfa::count_nonfinite(Exec(), h0), 1u);
 }
+
+// What src/kfa/nonfinite.hpp promises about a bad key j: NaN in row j of k makes the o row and the lse of every
+// query row that sees key j NaN and leaves every other row exact. NaN in row j of v makes the o row of every query
+// that sees it NaN; a row that does not see it may come out NaN too (the tile products multiply the masked
+// probabilities, 0, by the whole tile of v, and 0·NaN = NaN), but only if it lies fewer than block_q + block_k − 1
+// rows from a row that sees it (the tiles of the plan); otherwise it is exact, and any row is either all NaN or
+// exact. Causal and sliding-window masks put key j in tiles of rows that do not see it; without a mask every row
+// sees it. The path is `automatic`: on a GPU build, the tensor-core (half/bfloat16) and fp32 CUDA families.
+namespace {
+template <class T>
+void check_bad_key(bool in_k, const RefOptions& ro, int bad_key) {
+  const Shape s{1, 700, 700, 2, 1, 64};  // both query heads share the poisoned kv head
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(std::string(in_k ? "NaN row in k" : "NaN row in v") + " at key " + std::to_string(bad_key) + ", " +
+               describe(s, ro, seed));
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), o("o", s.batch, s.seq_q, s.heads_q, s.head_dim);
+  Lse<T> lse("lse", s.batch, s.heads_q, s.seq_q);
+  const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
+  std::vector<size_t> row;
+  for (int c = 0; c < s.head_dim; ++c) row.push_back(size_t(bad_key) * s.head_dim + c);
+  plant(in_k ? k : v, row, kNaN);
+  poison(o);
+  poison(lse);
+  const kfa::ForwardPlan plan = kfa::plan_forward(Exec(), q, k, v, o, to_kfa(ro));
+  SCOPED_TRACE("plan " + plan.region);
+  const long reach = in_k ? 0 : plan.tiles.block_q + plan.tiles.block_k - 1;
+  kfa::attention_forward(Exec(), q, k, v, o, lse, to_kfa(ro));
+  Exec().fence();
+  std::vector<double> oref, lref;
+  reference_forward64(s, ro, qh, kh, vh, oref, lref);  // the clean inputs
+  const std::vector<double> og = to_doubles4(o), lg = to_doubles3(lse);
+  std::vector<long> seeing;
+  for (int i = 0; i < s.seq_q; ++i)
+    if (ref_visible(s, ro, i, bad_key)) seeing.push_back(i);
+  ASSERT_FALSE(seeing.empty());
+  std::vector<double> got, want, lgot, lwant;
+  int wrong_seeing = 0, first_wrong = -1, near_nan = 0, far_nan = 0, first_far_nan = -1;
+  for (int h = 0; h < s.heads_q; ++h)
+    for (int i = 0; i < s.seq_q; ++i) {
+      const size_t at = (size_t(i) * s.heads_q + h) * s.head_dim, li = size_t(h) * s.seq_q + i;
+      bool all_nan = true, any_nan = false;
+      for (int c = 0; c < s.head_dim; ++c) all_nan = all_nan && std::isnan(og[at + c]), any_nan = any_nan || std::isnan(og[at + c]);
+      long dist = s.seq_q;
+      for (long r : seeing) dist = std::min(dist, std::labs(r - i));
+      if (dist == 0) {
+        if (!(all_nan && (!in_k || std::isnan(lg[li]))) && wrong_seeing++ == 0) first_wrong = i;
+        continue;
+      }
+      if (all_nan && dist < reach) {
+        ++near_nan;  // allowed: a row in a tile of the bad key
+        continue;
+      }
+      if (any_nan && far_nan++ == 0) first_far_nan = i;
+      got.insert(got.end(), og.begin() + at, og.begin() + at + s.head_dim);
+      want.insert(want.end(), oref.begin() + at, oref.begin() + at + s.head_dim);
+      lgot.push_back(lg[li]);
+      lwant.push_back(lref[li]);
+    }
+  EXPECT_EQ(wrong_seeing, 0) << "query rows that see the bad key but whose o" << (in_k ? " and lse are" : " is")
+                             << " not all NaN (of " << 2 * seeing.size() << "); the first is row " << first_wrong;
+  EXPECT_EQ(far_nan, 0) << "rows that do not see the bad key, " << reach
+                        << " or more rows from one that does, with NaN in o; the first is row " << first_far_nan;
+  if (!got.empty()) {
+    EXPECT_TRUE(close_frobenius(got, want, tolerance<T>())) << "the rows that do not see the bad key";
+    EXPECT_TRUE(close_lse(lgot, lwant, tolerance<kfa::accumulator_t<T>>())) << "the rows that do not see the bad key";
+  }
+  if (!in_k) std::printf("  [v NaN at %d, %s] %d near rows NaN (reach %ld)\n", bad_key, plan.region.c_str(), near_nan, reach);
+}
+}  // namespace
+
+TYPED_TEST(NonFinite, BadKeyPoisonsTheRowsThatSeeIt) {
+  for (bool in_k : {false, true}) {
+    RefOptions causal, window, none;
+    causal.causal = true;
+    window.window_left = 40, window.window_right = 0;
+    for (int j : {0, 170, 600, 699}) check_bad_key<TypeParam>(in_k, causal, j);
+    for (int j : {170, 600}) check_bad_key<TypeParam>(in_k, window, j);
+    check_bad_key<TypeParam>(in_k, none, 170);
+  }
+}

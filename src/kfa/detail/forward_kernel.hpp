@@ -137,7 +137,7 @@ struct ForwardKernel {
 
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
       const Acc l = lrow[r];
-      const Acc inv = l > Acc(0) ? Acc(1) / l : Acc(0);
+      const Acc inv = l == Acc(0) ? Acc(0) : Acc(1) / l;  // NaN ℓ stays NaN in o
       for (int c = 0; c < d; ++c) o(b, i0 + r, h, c) = static_cast<OutT>(ot[r * d + c] * inv);
       lse(b, h, i0 + r) = SoftmaxState<Acc>{mrow[r], lrow[r]}.lse();
     });

@@ -216,7 +216,7 @@ struct SimtForwardKernel {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (row[r] >= seq_q) continue;
-      const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+      const float inv = l[r] == 0.f ? 0.f : 1.f / l[r];
       float4* dst = reinterpret_cast<float4*>(&o(b, row[r], h, part * HD));
 #pragma unroll
       for (int c = 0; c < HD / 4; ++c)

@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       lsum[r] = tc::quad_sum(l[mt][r]);
-      inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+      inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
     }
     const int r0 = wr0 + mt * 16 + g, r1 = r0 + 8;
     tc::store_c_rows<D, T>(acc[mt], inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,

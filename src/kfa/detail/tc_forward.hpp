@@ -192,7 +192,7 @@ struct TcForwardKernel {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       lsum[r] = tc::quad_sum(l[r]);
-      inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+      inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
     }
     const int r0 = wr0 + g, r1 = wr0 + g + 8;
     tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < seq_q ? &o(b, r0, h, 0) : nullptr,

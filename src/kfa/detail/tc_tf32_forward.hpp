@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lsum[r] = tc::quad_sum(l[r]);
-    inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+    inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lsum[r] = tc::quad_sum(l[r]);
-    inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+    inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
   }
   const int r0 = wr0 + g, r1 = r0 + 8;
   tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
@@ -732,7 +732,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lsum[r] = tc::quad_sum(l[r]);
-    inv[r] = lsum[r] > 0.f ? 1.f / lsum[r] : 0.f;
+    inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
   }
   const int r0 = wr0 + g, r1 = r0 + 8;
   tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
