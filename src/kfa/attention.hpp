@@ -1,6 +1,7 @@
 #pragma once
 /// Public attention API: exact softmax(scale·q·kᵀ + mask)·v without ever storing the seq_q × seq_k matrix.
 #include <kfa/detail/backward_kernel.hpp>
+#include <kfa/detail/canonical.hpp>
 #include <kfa/detail/checks.hpp>
 #include <kfa/detail/forward_kernel.hpp>
 #include <kfa/detail/ranges.hpp>
@@ -25,13 +26,9 @@ double resolved_scale(const AttentionOptions& opts, std::size_t head_dim) {
   return opts.softmax_scale > 0 ? opts.softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
-template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
-void static_check_forward() {
-  static_check_view<ExecSpace, QV, 4, false>();
-  static_check_view<ExecSpace, KV, 4, false>();
-  static_check_view<ExecSpace, VV, 4, false>();
-  static_check_view<ExecSpace, OV, 4, true>();
-  static_check_view<ExecSpace, LV, 3, true>();
+/// The element types of q, k, v, o and lse (forward and backward).
+template <class QV, class KV, class VV, class OV, class LV>
+void static_check_elements() {
   using T = typename QV::non_const_value_type;
   static_assert(is_supported_element<T>::value, "kfa: element type must be double, float, half or bfloat16");
   static_assert(std::is_same<T, typename KV::non_const_value_type>::value &&
@@ -40,6 +37,16 @@ void static_check_forward() {
                 "kfa: q, k, v and o must have the same element type");
   static_assert(std::is_same<accumulator_t<T>, typename LV::non_const_value_type>::value,
                 "kfa: lse must hold the accumulation type (double for double inputs, float otherwise)");
+}
+
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void static_check_forward() {
+  static_check_view<ExecSpace, QV, 4, false>();
+  static_check_view<ExecSpace, KV, 4, false>();
+  static_check_view<ExecSpace, VV, 4, false>();
+  static_check_view<ExecSpace, OV, 4, true>();
+  static_check_view<ExecSpace, LV, 3, true>();
+  static_check_elements<QV, KV, VV, OV, LV>();
 }
 
 /// All run-time checks of attention_forward and reference_attention.
@@ -60,7 +67,12 @@ void check_forward(const char* fn, const QV& q, const KV& k, const VV& v, const 
 template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
           class DVV>
 void static_check_backward() {
-  static_check_forward<ExecSpace, QV, KV, VV, OV, LV>();
+  static_check_view<ExecSpace, QV, 4, false>();
+  static_check_view<ExecSpace, KV, 4, false>();
+  static_check_view<ExecSpace, VV, 4, false>();
+  static_check_view<ExecSpace, OV, 4, false>();  // the forward's outputs are the backward's inputs: may be const
+  static_check_view<ExecSpace, LV, 3, false>();
+  static_check_elements<QV, KV, VV, OV, LV>();
   static_check_view<ExecSpace, DOV, 4, false>();
   static_check_view<ExecSpace, DQV, 4, true>();
   static_check_view<ExecSpace, DKV, 4, true>();
@@ -132,10 +144,10 @@ struct ForwardCall {
   using T = typename QV::non_const_value_type;
   const char* fn;  ///< the API function the call came through (its errors name it)
   const ExecSpace& space;
-  const QV& q;
-  const KV& k;
-  const VV& v;
-  const OV& o;
+  QV q;  // canonical (unmanaged) Views, held by value: see forward_call
+  KV k;
+  VV v;
+  OV o;
   const AttentionOptions& opts;
   int d;
   long seq_k;
@@ -152,6 +164,15 @@ struct ForwardCall {
     return why.empty() ? views_why : why;
   }
 };
+
+/// The ForwardCall of these arguments on their canonical Views (canonical.hpp): every kernel family, its
+/// checks and its launch are instantiated for those types only.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class L = canonical_layout_t<QV, KV, VV, OV>>
+ForwardCall<ExecSpace, canonical_in_t<L, QV>, canonical_in_t<L, KV>, canonical_in_t<L, VV>, canonical_out_t<L, OV>>
+forward_call(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
+             const AttentionOptions& opts) {
+  return {fn, space, q, k, v, o, opts};
+}
 
 /// The forward's kernel families, in the order `automatic` tries them. Each one says why it cannot run a
 /// call ("" when it can), its tiles, and launches it; `tensor_core` marks the ones opts.path = tensor_core may
@@ -344,9 +365,9 @@ void with_family(TileProductPath path, F&& f) {
   });
 }
 
-template <class ExecSpace, class QV, class KV, class VV, class OV>
-ForwardPlan forward_plan(const char* fn, const ForwardCall<ExecSpace, QV, KV, VV, OV>& c) {
-  using T = typename QV::non_const_value_type;
+template <class Call>
+ForwardPlan forward_plan(const char* fn, const Call& c) {
+  using T = typename Call::T;
   ForwardPlan plan;
   plan.family = choose_family<ForwardFamilies>(fn, c, c.opts.path, c.opts.path);
   with_family<ForwardFamilies>(plan.family, [&](auto family) { plan.tiles = decltype(family)::tiles(c); });
@@ -355,21 +376,27 @@ ForwardPlan forward_plan(const char* fn, const ForwardCall<ExecSpace, QV, KV, VV
   return plan;
 }
 
+/// forward_impl on canonical Views (c from forward_call; lse canonical too).
+template <class Call, class LV>
+void forward_run(const Call& c, const LV& lse, const Positions& pos) {
+  using T = typename Call::T;
+  const ForwardPlan plan = forward_plan(c.fn, c);
+  compat::ScopedRegion region(plan.region);
+  const auto& q = c.q;
+  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+  const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(c.k.extent(1)), pos, c.opts.causal,
+                     c.opts.window_left, c.opts.window_right);
+  const float scale = static_cast<float>(resolved_scale<T>(c.opts, q.extent(3)));
+  const float softcap = static_cast<float>(c.opts.softcap);
+  with_family<ForwardFamilies>(
+      plan.family, [&](auto family) { decltype(family)::launch(c, lse, scale, softcap, mask, plan.tiles); });
+}
+
 /// attention_forward after its checks, for a block at `pos` of a longer sequence (the ring layer's entry).
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void forward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                   const LV& lse, const AttentionOptions& opts, const Positions& pos) {
-  using T = typename QV::non_const_value_type;
-  const ForwardCall<ExecSpace, QV, KV, VV, OV> c(fn, space, q, k, v, o, opts);
-  const ForwardPlan plan = forward_plan(fn, c);
-  compat::ScopedRegion region(plan.region);
-  if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
-  const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)), pos, opts.causal,
-                     opts.window_left, opts.window_right);
-  const float scale = static_cast<float>(resolved_scale<T>(opts, q.extent(3)));
-  const float softcap = static_cast<float>(opts.softcap);
-  with_family<ForwardFamilies>(
-      plan.family, [&](auto family) { decltype(family)::launch(c, lse, scale, softcap, mask, plan.tiles); });
+  forward_run(forward_call(fn, space, q, k, v, o, opts), canonical_out_t<canonical_layout_t<LV>, LV>(lse), pos);
 }
 }  // namespace detail
 
@@ -381,7 +408,7 @@ ForwardPlan plan_forward(const ExecSpace& space, const QV& q, const KV& k, const
   constexpr const char* fn = "kfa::attention_forward";
   detail::check_qkv_and_options(fn, q, k, v, opts);
   detail::check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
-  return detail::forward_plan(fn, detail::ForwardCall<ExecSpace, QV, KV, VV, OV>(fn, space, q, k, v, o, opts));
+  return detail::forward_plan(fn, detail::forward_call(fn, space, q, k, v, o, opts));
 }
 
 /// Exact attention forward. q [batch, seq_q, heads_q, d]; k, v [batch, seq_k, heads_kv, d];
@@ -458,13 +485,13 @@ struct BackwardCall {
   using T = typename QV::non_const_value_type;
   const char* fn;  ///< the API function the call came through (its errors name it)
   const ExecSpace& space;
-  const QV& q;
-  const KV& k;
-  const VV& v;
-  const DOV& d_o;
-  const DQV& dq;
-  const DKV& dk;
-  const DVV& dv;
+  QV q;  // canonical (unmanaged) Views, held by value: see backward_call
+  KV k;
+  VV v;
+  DOV d_o;
+  DQV dq;
+  DKV dk;
+  DVV dv;
   const AttentionOptions& opts;
   int d;
   BackwardCall(const char* f, const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const DOV& do_,
@@ -472,6 +499,16 @@ struct BackwardCall {
       : fn(f), space(s), q(q_), k(k_), v(v_), d_o(do_), dq(dq_), dk(dk_), dv(dv_), opts(op),
         d(static_cast<int>(q_.extent(3))) {}
 };
+
+/// The BackwardCall of these arguments on their canonical Views (canonical.hpp), as forward_call.
+template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV,
+          class L = canonical_layout_t<QV, KV, VV, DOV, DQV, DKV, DVV>>
+BackwardCall<ExecSpace, canonical_in_t<L, QV>, canonical_in_t<L, KV>, canonical_in_t<L, VV>, canonical_in_t<L, DOV>,
+             canonical_out_t<L, DQV>, canonical_out_t<L, DKV>, canonical_out_t<L, DVV>>
+backward_call(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
+              const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
+  return {fn, space, q, k, v, d_o, dq, dk, dv, opts};
+}
 
 /// The backward's kernel families, in the order `automatic` tries them (see the forward's). Each one says why
 /// it cannot run a call, fills a plan's tiles (the tensor-core family also its kernels) and launches it.
@@ -640,8 +677,8 @@ using BackwardFamilies =
 /// The backward's plan: one tensor-core family serves every 16-bit forward family (opts.path tensor_core_team,
 /// tensor_core_fa2 and tensor_core_wgmma name it; its kernels are the wgmma ones where those can run, except
 /// when opts.path names tensor_core_fa2 or tensor_core_team), then tensor_core_tf32x3, simt_fp32, portable.
-template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
-BackwardPlan backward_plan(const char* fn, const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>& c) {
+template <class Call>
+BackwardPlan backward_plan(const char* fn, const Call& c) {
   using P = TileProductPath;
   const P shown = c.opts.path;
   const bool names_tc_backward =
@@ -652,9 +689,36 @@ BackwardPlan backward_plan(const char* fn, const BackwardCall<ExecSpace, QV, KV,
   with_family<BackwardFamilies>(plan.family, [&](auto family) { decltype(family)::plan(c, plan); });
   plan.region = std::string(fn) + "[" + to_string(plan.family) +
                 (plan.atomic_dq ? ",atomic_dq," : plan.wgmma ? ",wgmma," : ",") +
-                dtype_name<typename QV::non_const_value_type>() + ",d" + std::to_string(c.d) + "," +
+                dtype_name<typename Call::T>() + ",d" + std::to_string(c.d) + "," +
                 to_string(plan.tiles) + "]";
   return plan;
+}
+
+/// backward_impl_d on canonical Views (c from backward_call; lse and dd canonical too).
+template <class Call, class LV, class DD>
+bool backward_run(const Call& c, const LV& lse, const DD& dd, const Positions& pos, BackwardParts parts) {
+  using T = typename Call::T;
+  const BackwardPlan plan = backward_plan(c.fn, c);
+  compat::ScopedRegion region(plan.region);
+  const bool dq_with_dkdv = plan.family == TileProductPath::tensor_core && plan.atomic_dq;
+  const bool wrote_dq = parts == BackwardParts::all || (parts == BackwardParts::dkdv) == dq_with_dkdv;
+  const auto& opts = c.opts;
+  const int batch = static_cast<int>(c.q.extent(0)), nq = static_cast<int>(c.q.extent(1));
+  const int hq = static_cast<int>(c.q.extent(2)), nk = static_cast<int>(c.k.extent(1));
+  if (batch == 0) return wrote_dq;
+  if (hq == 0) {  // no query head uses k and v: their gradients are zero
+    if (parts == BackwardParts::dq) return wrote_dq;
+    zero4(c.space, c.dk, "kfa::attention_backward::zero_dk");
+    zero4(c.space, c.dv, "kfa::attention_backward::zero_dv");
+    return wrote_dq;
+  }
+  const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
+  const float scale = static_cast<float>(resolved_scale<T>(opts, c.q.extent(3)));
+  const float softcap = static_cast<float>(opts.softcap);
+  with_family<BackwardFamilies>(plan.family, [&](auto family) {
+    decltype(family)::launch(c, lse, dd, scale, softcap, mask, plan, parts);
+  });
+  return wrote_dq;
 }
 
 /// backward_impl with D = rowsum(dO ∘ O) given (`dd` [batch, heads_q, seq_q] of these query rows): the ring
@@ -664,28 +728,9 @@ template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, cl
 bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
                      const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv,
                      const AttentionOptions& opts, const Positions& pos, BackwardParts parts = BackwardParts::all) {
-  using T = typename QV::non_const_value_type;
-  const BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV> c(fn, space, q, k, v, d_o, dq, dk, dv, opts);
-  const BackwardPlan plan = backward_plan(fn, c);
-  compat::ScopedRegion region(plan.region);
-  const bool dq_with_dkdv = plan.family == TileProductPath::tensor_core && plan.atomic_dq;
-  const bool wrote_dq = parts == BackwardParts::all || (parts == BackwardParts::dkdv) == dq_with_dkdv;
-  const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
-  const int hq = static_cast<int>(q.extent(2)), nk = static_cast<int>(k.extent(1));
-  if (batch == 0) return wrote_dq;
-  if (hq == 0) {  // no query head uses k and v: their gradients are zero
-    if (parts == BackwardParts::dq) return wrote_dq;
-    zero4(space, dk, "kfa::attention_backward::zero_dk");
-    zero4(space, dv, "kfa::attention_backward::zero_dv");
-    return wrote_dq;
-  }
-  const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
-  const float scale = static_cast<float>(resolved_scale<T>(opts, q.extent(3)));
-  const float softcap = static_cast<float>(opts.softcap);
-  with_family<BackwardFamilies>(plan.family, [&](auto family) {
-    decltype(family)::launch(c, lse, dd, scale, softcap, mask, plan, parts);
-  });
-  return wrote_dq;
+  return backward_run(backward_call(fn, space, q, k, v, d_o, dq, dk, dv, opts),
+                      canonical_in_t<canonical_layout_t<LV>, LV>(lse), canonical_in_t<canonical_layout_t<DD>, DD>(dd),
+                      pos, parts);
 }
 
 /// attention_backward after its checks, for a block at `pos` of a longer sequence (lse and o of the whole
@@ -695,7 +740,9 @@ template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, cl
 void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                    const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
                    const AttentionOptions& opts, const Positions& pos) {
-  backward_impl_d(fn, space, q, k, v, d_o, lse, backward_row_dot(space, o, d_o), dq, dk, dv, opts, pos);
+  using L = canonical_layout_t<OV, DOV>;
+  const auto dd = backward_row_dot(space, canonical_in_t<L, OV>(o), canonical_in_t<L, DOV>(d_o));
+  backward_impl_d(fn, space, q, k, v, d_o, lse, dd, dq, dk, dv, opts, pos);
 }
 
 }  // namespace detail
@@ -711,8 +758,7 @@ BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, con
   detail::check_extents(fn, "dq", dq, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
   detail::check_extents(fn, "dk", dk, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
   detail::check_extents(fn, "dv", dv, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
-  return detail::backward_plan(
-      fn, detail::BackwardCall<ExecSpace, QV, KV, VV, DOV, DQV, DKV, DVV>(fn, space, q, k, v, d_o, dq, dk, dv, opts));
+  return detail::backward_plan(fn, detail::backward_call(fn, space, q, k, v, d_o, dq, dk, dv, opts));
 }
 
 /// Exact attention backward by recomputation: dq [batch, seq_q, heads_q, d], dk and dv

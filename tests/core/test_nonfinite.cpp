@@ -150,7 +150,8 @@ void check_bad_key(bool in_k, const RefOptions& ro, int bad_key) {
     for (int i = 0; i < s.seq_q; ++i) {
       const size_t at = (size_t(i) * s.heads_q + h) * s.head_dim, li = size_t(h) * s.seq_q + i;
       bool all_nan = true, any_nan = false;
-      for (int c = 0; c < s.head_dim; ++c) all_nan = all_nan && std::isnan(og[at + c]), any_nan = any_nan || std::isnan(og[at + c]);
+      for (int c = 0; c < s.head_dim; ++c)
+        all_nan = all_nan && std::isnan(og[at + c]), any_nan = any_nan || std::isnan(og[at + c]);
       long dist = s.seq_q;
       for (long r : seeing) dist = std::min(dist, std::labs(r - i));
       if (dist == 0) {
@@ -175,7 +176,8 @@ void check_bad_key(bool in_k, const RefOptions& ro, int bad_key) {
     EXPECT_TRUE(close_frobenius(got, want, tolerance<T>())) << "the rows that do not see the bad key";
     EXPECT_TRUE(close_lse(lgot, lwant, tolerance<kfa::accumulator_t<T>>())) << "the rows that do not see the bad key";
   }
-  if (!in_k) std::printf("  [v NaN at %d, %s] %d near rows NaN (reach %ld)\n", bad_key, plan.region.c_str(), near_nan, reach);
+  if (!in_k)
+    std::printf("  [v NaN at %d, %s] %d near rows NaN (reach %ld)\n", bad_key, plan.region.c_str(), near_nan, reach);
 }
 }  // namespace
 

@@ -607,3 +607,87 @@ TYPED_TEST(Paths, NondeterministicOptionLeavesPortableBitwiseEqual) {
   EXPECT_EQ(to_doubles4(a.dk), to_doubles4(b.dk));
   EXPECT_EQ(to_doubles4(a.dv), to_doubles4(b.dv));
 }
+
+// Canonical views (src/kfa/detail/canonical.hpp): a call's Views are converted to one of two View sets before a
+// family is chosen, so const-ness, Device<> spellings, memory traits and layout mixes share the kernels'
+// instantiations (checked at compile time here), and each spelling computes bitwise what the LayoutRight
+// call does, forward and backward (automatic path).
+namespace {
+template <class T>
+using Const4 = Kokkos::View<const T****, Kokkos::LayoutRight, Mem>;
+template <class T>
+using Dev4 = Kokkos::View<T****, Kokkos::LayoutRight, Kokkos::Device<Exec, Mem>>;
+template <class T>
+using Unm4 = Kokkos::View<T****, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T>
+using Str4 = Kokkos::View<T****, Kokkos::LayoutStride, Mem>;
+template <class T>
+using Left4 = Kokkos::View<T****, Kokkos::LayoutLeft, Mem>;
+template <class QV, class KV, class VV, class OV>
+using FwdCall = decltype(kfa::detail::forward_call(
+    "", std::declval<const Exec&>(), std::declval<const QV&>(), std::declval<const KV&>(), std::declval<const VV&>(),
+    std::declval<const OV&>(), std::declval<const kfa::AttentionOptions&>()));
+template <class QV, class DQV>
+using BwdCall = decltype(kfa::detail::backward_call(
+    "", std::declval<const Exec&>(), std::declval<const QV&>(), std::declval<const QV&>(), std::declval<const QV&>(),
+    std::declval<const QV&>(), std::declval<const DQV&>(), std::declval<const DQV&>(), std::declval<const DQV&>(),
+    std::declval<const kfa::AttentionOptions&>()));
+template <class T>
+constexpr bool canonical_types_shared() {
+  using R = Tensor<T>;
+  using FR = FwdCall<R, R, R, R>;
+  using FS = FwdCall<Str4<T>, Str4<T>, Str4<T>, Str4<T>>;
+  return std::is_same<FR, FwdCall<Const4<T>, Const4<T>, Const4<T>, R>>::value &&
+         std::is_same<FR, FwdCall<Dev4<T>, Const4<T>, R, Unm4<T>>>::value &&
+         std::is_same<FR, FwdCall<Unm4<T>, Dev4<T>, Const4<T>, Dev4<T>>>::value &&
+         std::is_same<FS, FwdCall<Str4<T>, R, R, R>>::value &&
+         std::is_same<FS, FwdCall<R, Const4<T>, R, Str4<T>>>::value &&
+         std::is_same<FS, FwdCall<Left4<T>, Dev4<T>, R, Unm4<T>>>::value && !std::is_same<FR, FS>::value &&
+         std::is_same<BwdCall<R, R>, BwdCall<Const4<T>, Unm4<T>>>::value &&
+         std::is_same<BwdCall<R, R>, BwdCall<Dev4<T>, Dev4<T>>>::value &&
+         std::is_same<BwdCall<Str4<T>, R>, BwdCall<R, Str4<T>>>::value &&
+         std::is_same<BwdCall<Str4<T>, R>, BwdCall<Left4<T>, Unm4<T>>>::value;
+}
+}  // namespace
+
+TYPED_TEST(Paths, CanonicalViewsShareInstantiationsAndResults) {
+  using T = TypeParam;
+  static_assert(canonical_types_shared<T>(), "kfa: View spellings must map to the two canonical View sets");
+  const Shape s{2, 150, 130, 4, 2, 64};
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim);
+  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
+  kfa::AttentionOptions opts;
+  opts.causal = true;
+  const ::Run<T> a = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::automatic);
+  for (int spelling = 0; spelling < 2; ++spelling) {
+    SCOPED_TRACE(spelling == 0 ? "const / Device<> / Unmanaged LayoutRight Views" : "q, o and dq as LayoutStride");
+    ::Run<T> b{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim),
+               Tensor<T>("dq", s.batch, s.seq_q, s.heads_q, s.head_dim),
+               Tensor<T>("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+               Tensor<T>("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim), Lse<T>("lse", s.batch, s.heads_q, s.seq_q)};
+    poison(b.o), poison(b.lse), poison(b.dq), poison(b.dk), poison(b.dv);
+    if (spelling == 0) {
+      const Const4<T> qc = q, kc = k;
+      const Dev4<T> vd = v, od = b.o;
+      const Unm4<T> dqu(b.dq.data(), s.batch, s.seq_q, s.heads_q, s.head_dim);
+      kfa::attention_forward(Exec(), qc, kc, vd, od, b.lse, opts);
+      const Kokkos::View<const kfa::accumulator_t<T>***, Kokkos::LayoutRight, Mem> lse_c = b.lse;  // inputs here
+      kfa::attention_backward(Exec(), qc, kc, vd, Const4<T>(b.o), Const4<T>(d_o), lse_c, dqu, b.dk, Dev4<T>(b.dv),
+                              opts);
+    } else {
+      const Str4<T> qs = q, os = b.o, dqs = b.dq;
+      kfa::attention_forward(Exec(), qs, k, v, os, b.lse, opts);
+      kfa::attention_backward(Exec(), qs, k, v, os, d_o, b.lse, dqs, b.dk, b.dv, opts);
+    }
+    Exec().fence();
+    EXPECT_TRUE(same_bits(a.o, b.o));
+    EXPECT_EQ(to_doubles3(a.lse), to_doubles3(b.lse));
+    EXPECT_TRUE(same_bits(a.dq, b.dq));
+    EXPECT_TRUE(same_bits(a.dk, b.dk));
+    EXPECT_TRUE(same_bits(a.dv, b.dv));
+  }
+}

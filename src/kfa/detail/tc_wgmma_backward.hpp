@@ -213,11 +213,11 @@ struct TcWgmmaDkDvKernel {
           rows, tid);
     };
     // Row r's lse·log2(e) and D of a step (rows past the visible ones: +inf and 0, so Pᵀ = 0 there).
-    auto row_values = [&](int step, int r, float& l2, float& d) {
+    auto row_values = [&](int step, float& l2, float& d) {  // row tid of the step's query tile
       const int qt = step % n_qt, gh = step / n_qt;
-      const long i = qb0 + static_cast<long>(qt) * BQ + r;
+      const long i = qb0 + static_cast<long>(qt) * BQ + tid;
       const int hq = hk * group + gh;
-      const bool in = r >= 0 && r < BQ && i < qb1;
+      const bool in = tid < BQ && i < qb1;
       l2 = in ? recompute_lse(static_cast<float>(lse(b, hq, i))) * tc::log2e : compat::infinity<float>();
       d = in ? static_cast<float>(dd(b, hq, i)) : 0.f;
     };
@@ -245,7 +245,7 @@ struct TcWgmmaDkDvKernel {
     for (int s0 = 0; s0 < ST - 1; ++s0) {
       if (s0 < steps) {
         issue(s0, s0, s0 == 0 ? kv_bytes : 0u);
-        if (tid < BQ) row_values(s0, tid, rows_s[s0 * 2 * BQ + tid], rows_s[s0 * 2 * BQ + BQ + tid]);
+        if (tid < BQ) row_values(s0, rows_s[s0 * 2 * BQ + tid], rows_s[s0 * 2 * BQ + BQ + tid]);
       }
       tc::cp_async_commit();
     }
@@ -276,7 +276,7 @@ struct TcWgmmaDkDvKernel {
       float next_l2 = 0.f, next_d = 0.f;
       if (next) {
         issue(step + ST - 1, nst, 0u);
-        row_values(step + ST - 1, tid, next_l2, next_d);
+        row_values(step + ST - 1, next_l2, next_d);
       }
       if constexpr (use_tma) {
         tc::mbar_wait(full(st), static_cast<unsigned>(step / ST) & 1u);  // this step's Q and dO (and K, V)
