@@ -130,10 +130,13 @@ void check_ring(const Case& c, bool backward, kfa::dist::Ring* shared_ring = nul
   EXPECT_TRUE(close_frobenius(to_doubles4(dk), take_rows4(rdk, s, s.heads_kv, s.seq_k, segs), tolerance<T>())) << "dk";
   EXPECT_TRUE(close_frobenius(to_doubles4(dv), take_rows4(rdv, s, s.heads_kv, s.seq_k, segs), tolerance<T>())) << "dv";
   if (!c.deterministic) return;
-  // Deterministic for a fixed P and layout: a second backward is bitwise equal.
+  // Deterministic for a fixed P and layout: a second backward is bitwise equal, here with its inputs (the forward's
+  // o and lse included) passed as const Views.
   Tensor<T> dq2("dq2", s.batch, n, s.heads_q, s.head_dim), dk2("dk2", s.batch, n, s.heads_kv, s.head_dim),
       dv2("dv2", s.batch, n, s.heads_kv, s.head_dim);
-  kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, dol, lse, dq2, dk2, dv2, opts);
+  using C4 = Kokkos::View<const T****, Kokkos::LayoutRight, Mem>;
+  const Kokkos::View<const kfa::accumulator_t<T>***, Kokkos::LayoutRight, Mem> lse_c = lse;
+  kfa::dist::ring_attention_backward(Exec(), ring, C4(ql), C4(kl), C4(vl), C4(o), C4(dol), lse_c, dq2, dk2, dv2, opts);
   EXPECT_EQ(to_doubles4(dq), to_doubles4(dq2));
   EXPECT_EQ(to_doubles4(dk), to_doubles4(dk2));
 }
