@@ -60,6 +60,8 @@ template <int D, bool Fused = false>
 struct Fa2BackwardShape : TcBackwardShape<D, Fused> {
   static constexpr int dkdv_warps = 8;
   static constexpr int dkdv_block_k = D > 128 ? KFA_FA2_BWD_D256_BLOCK_K : 128;  // owned keys
+  // d = 128 streams 64 rows: its deterministic instance spills 8 B at 255 registers (ptxas, sm_90); 32 rows make
+  // every instance spill-free but the backward 17-22% slower (H200, perf/RESULTS.md, fifteenth session).
   static constexpr int dkdv_block_q =  // streamed query rows per step
       D <= 64 ? KFA_FA2_BWD_D64_BLOCK_Q : D > 128 ? KFA_FA2_BWD_D256_BLOCK_Q : 64;
   static constexpr int pitch = D + 8;
