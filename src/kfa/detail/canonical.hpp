@@ -9,8 +9,9 @@
 ///  - inputs become const, outputs keep their non-const element type, every View becomes Unmanaged (no
 ///    reference counting in the kernels' copies), and its Device<> spelling collapses to its memory space.
 /// So const-ness, memory traits, Device<> spellings and layout mixes no longer multiply the kernels'
-/// instantiations: per execution space, element type and memory space at most two forward and two backward
-/// sets, whatever the callers pass (perf/RESULTS.md, "Canonical views", has what it changed).
+/// instantiations: per execution space, element type and memory space the tensors come in two layouts (and
+/// lse / D in two), whatever the callers pass (perf/RESULTS.md, "Canonical views and non-finite keys", has
+/// what it changed).
 #include <kfa/compat.hpp>
 #include <type_traits>
 
