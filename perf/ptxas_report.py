@@ -14,7 +14,7 @@ for line in open(sys.argv[1]):
     m = re.search(r"Compiling entry function '([^']+)'", line)
     if m:
         name = subprocess.run(["c++filt", m.group(1)], capture_output=True, text=True).stdout
-        k = re.search(r"kfa::detail::(\w+Kernel|tc_\w+_kernel)<([^,>]+(?:, (?:true|false))?)", name)
+        k = re.search(r"kfa::detail::(\w+Kernel|tc_\w+_kernel)<([^,>]+(?:, (?:true|false))*)", name)
         t = re.search(r"(?:View<|kernel<\d+, (?:true|false), )(?:Kokkos::Experimental::Impl::floating_point_wrapper<(\w+)>|(\w+))", name)
         ty = {"__half": "half", "__nv_bfloat16": "bfloat16"}.get(t.group(1), t.group(1)) if t and t.group(1) else (t.group(2) if t else "?")
         cur = f"{k.group(1)}<{k.group(2)}> {ty}" if k else None

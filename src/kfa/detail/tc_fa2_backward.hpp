@@ -6,8 +6,9 @@
 ///   One block of 8 warps owns BK = 128 keys (64 at d = 256; K and V in shared memory) and walks the visible
 ///   query tiles of BQ = 64 rows (Q and dO double-buffered with cp.async) of every query head of the group.
 ///   A step:
-///     1. S = Q·Kᵀ and dP = dO·Vᵀ (BQ × BK each), the warps as 2 × 4 tiles of BQ/2 queries × BK/4 keys;
-///        P = exp(S·scale − lse) and dS = P ∘ (dP − D) (∘ softcap') go to shared memory as 16-bit.
+///     1. dP = dO·Vᵀ and S = Q·Kᵀ (BQ × BK each), the warps as 2 × 4 tiles of BQ/2 queries × BK/4 keys, S one
+///        m16 tile of rows at a time; P = exp(S·scale − lse) and dS = P ∘ (dP − D) (∘ softcap') go to
+///        shared memory as 16-bit.
 ///     2. dV += Pᵀ·dO and dK += dSᵀ·Q, the warps as 4 × 2 tiles of BK/4 keys × D/2 columns (fp32
 ///        registers: 2·(BK/4)·(D/2)/32 values per thread for the two: D at BK = 128, as in the 16-key layout,
 ///        and 128 at d = 256).
@@ -44,6 +45,13 @@ constexpr bool tc_fa2_backward_used() {
 #define KFA_FA2_BWD_D64_BLOCK_Q 64
 #endif
 
+/// m16 tiles of query rows per warp whose S = Q·Kᵀ is computed (and turned into P and dS) at a time: 1, or
+/// MS = 2 for the whole step at once. With 2, S and dP take 64 registers next to dK and dV's 128 and the d = 128
+/// deterministic instance spilled 8 B at 255 registers (ptxas, CUDA 13.0, sm_90); with 1, 48, and no instance
+/// spills on sm_80 to sm_90a, at the price of reading K's fragments twice per step (perf/RESULTS.md).
+#ifndef KFA_FA2_BWD_S_PART
+#define KFA_FA2_BWD_S_PART 1
+#endif
 /// Keys a block owns at d = 256 (64: dK and dV take 128 fp32 registers per thread; 128 would take 256).
 #ifndef KFA_FA2_BWD_D256_BLOCK_K
 #define KFA_FA2_BWD_D256_BLOCK_K 64
@@ -60,8 +68,8 @@ template <int D, bool Fused = false>
 struct Fa2BackwardShape : TcBackwardShape<D, Fused> {
   static constexpr int dkdv_warps = 8;
   static constexpr int dkdv_block_k = D > 128 ? KFA_FA2_BWD_D256_BLOCK_K : 128;  // owned keys
-  // d = 128 streams 64 rows: its deterministic instance spills 8 B at 255 registers (ptxas, sm_90); 32 rows make
-  // every instance spill-free but the backward 17-22% slower (H200, perf/RESULTS.md, fifteenth session).
+  // 64 rows at d = 128 too: 32 rows were measured 17-22% slower in the backward (H200, perf/RESULTS.md,
+  // fifteenth session); its registers are kept below 255 by computing S in parts (KFA_FA2_BWD_S_PART).
   static constexpr int dkdv_block_q =  // streamed query rows per step
       D <= 64 ? KFA_FA2_BWD_D64_BLOCK_Q : D > 128 ? KFA_FA2_BWD_D256_BLOCK_Q : 64;
   static constexpr int pitch = D + 8;
@@ -87,6 +95,8 @@ struct TcFa2DkDvKernel {
   static constexpr int MS = BQ / 32;    // m16 tiles of query rows per warp (S, dP and dQ)
   static constexpr int KM = BK / 64;    // m16 tiles of keys per warp (dK, dV)
   static constexpr int SN = BK / 32;    // n8 tiles of keys per warp (S, dP)
+  static constexpr int MSS = KFA_FA2_BWD_S_PART;  // m16 tiles of S per part (see step 1)
+  static_assert(MSS >= 1 && MS % MSS == 0, "KFA_FA2_BWD_S_PART divides the warp's m16 tiles");
 
   QV q;
   KV k;
@@ -208,14 +218,15 @@ struct TcFa2DkDvKernel {
       const std::uint32_t qs = stage0 + st * static_cast<std::uint32_t>(Shape::dkdv_stage), dos = qs + BQ * P * 2;
 
       // 1. dP = dO·Vᵀ, then S = Q·Kᵀ (dP first: P and dS then come out of one pass, with no softcap
-      //    factor held across a product).
-      float dp[MS][SN][4], s[MS][SN][4];
+      //    factor held across a product). S is computed MSS m-tiles at a time, each part followed by its
+      //    P/dS pass (MSS < MS: fewer registers at the peak, K's fragments read once per part).
+      float dp[MS][SN][4];
 #pragma unroll
       for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
         for (int n = 0; n < SN; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][n][e] = s[mt][n][e] = 0.f;
+          for (int e = 0; e < 4; ++e) dp[mt][n][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         std::uint32_t af[MS][4];
@@ -233,61 +244,74 @@ struct TcFa2DkDvKernel {
           }
         }
       }
+      const bool masked_tile = rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t af[MS][4];
+      for (int m0 = 0; m0 < MS; m0 += MSS) {
+        float s[MSS][SN][4];
 #pragma unroll
-        for (int mt = 0; mt < MS; ++mt)
-          tc::ldmatrix_x4(af[mt], qs + a_lane + static_cast<std::uint32_t>(((qw0 + mt * 16) * P + kk * 16) * 2));
+        for (int mt = 0; mt < MSS; ++mt)
 #pragma unroll
-        for (int n = 0; n < SN; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4(bf, ks + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
+          for (int n = 0; n < SN; ++n)
 #pragma unroll
-          for (int mt = 0; mt < MS; ++mt) {
-            tc::mma<T>(s[mt][n], af[mt], bf[0], bf[1]);
-            tc::mma<T>(s[mt][n + 1], af[mt], bf[2], bf[3]);
+            for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          std::uint32_t af[MSS][4];
+#pragma unroll
+          for (int mt = 0; mt < MSS; ++mt)
+            tc::ldmatrix_x4(af[mt],
+                            qs + a_lane + static_cast<std::uint32_t>(((qw0 + (m0 + mt) * 16) * P + kk * 16) * 2));
+#pragma unroll
+          for (int n = 0; n < SN; n += 2) {
+            std::uint32_t bf[4];
+            tc::ldmatrix_x4(bf, ks + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
+#pragma unroll
+            for (int mt = 0; mt < MSS; ++mt) {
+              tc::mma<T>(s[mt][n], af[mt], bf[0], bf[1]);
+              tc::mma<T>(s[mt][n + 1], af[mt], bf[2], bf[3]);
+            }
           }
         }
-      }
-      // P and dS into shared memory, [query][key], 16-bit. Masked tiles take a second copy of the pass, in
-      // which each row's visible keys are one range of the tile (the common tile tests nothing per element).
-      auto p_ds_pass = [&](auto masked) {
-        constexpr bool Masked = decltype(masked)::value;
+        // P and dS of these m-tiles into shared memory, [query][key], 16-bit. Masked tiles take a second copy
+        // of the pass, in which each row's visible keys are one range of the tile (the common tile tests
+        // nothing per element).
+        auto p_ds_pass = [&](auto masked) {
+          constexpr bool Masked = decltype(masked)::value;
 #pragma unroll
-        for (int mt = 0; mt < MS; ++mt)
+          for (int mt = 0; mt < MSS; ++mt)
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int rr = qw0 + mt * 16 + g + r * 8;
-            int lo = 0, hi = BK - 1;  // visible keys of the row, tile-local
-            if (Masked) {
-              long first, last;
-              mask.visible_range(i0 + rr, first, last);
-              lo = static_cast<int>(first - k0 < 0 ? 0 : (first - k0 > BK ? BK : first - k0));
-              hi = static_cast<int>(last - k0 < -1 ? -1 : (last - k0 > BK - 1 ? BK - 1 : last - k0));
-              if (rr >= rows) hi = -1;
-            }
-#pragma unroll
-            for (int n = 0; n < SN; ++n) {
-              const int kk0 = sw0 + n * 8 + 2 * t4;
-              float p[2], d2[2];
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const bool vis = !Masked || (kk0 + e >= lo && kk0 + e <= hi);
-                float dcap;
-                p[e] = tc_recompute_p<Softcap>(s[mt][n][2 * r + e], pc, lse2[mt][r], vis, dcap);
-                d2[e] = p[e] * (dp[mt][n][2 * r + e] - ddr[mt][r]) * dcap;
+            for (int r = 0; r < 2; ++r) {
+              const int rr = qw0 + (m0 + mt) * 16 + g + r * 8;
+              int lo = 0, hi = BK - 1;  // visible keys of the row, tile-local
+              if (Masked) {
+                long first, last;
+                mask.visible_range(i0 + rr, first, last);
+                lo = static_cast<int>(first - k0 < 0 ? 0 : (first - k0 > BK ? BK : first - k0));
+                hi = static_cast<int>(last - k0 < -1 ? -1 : (last - k0 > BK - 1 ? BK - 1 : last - k0));
+                if (rr >= rows) hi = -1;
               }
-              const int off = (rr * PP + kk0) * 2;
-              *reinterpret_cast<std::uint32_t*>(ps_ptr + off) = cuda16<T>::pack(p[0], p[1]);
-              *reinterpret_cast<std::uint32_t*>(dss_ptr + off) = cuda16<T>::pack(d2[0], d2[1]);
+#pragma unroll
+              for (int n = 0; n < SN; ++n) {
+                const int kk0 = sw0 + n * 8 + 2 * t4;
+                float p[2], d2[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const bool vis = !Masked || (kk0 + e >= lo && kk0 + e <= hi);
+                  float dcap;
+                  p[e] = tc_recompute_p<Softcap>(s[mt][n][2 * r + e], pc, lse2[m0 + mt][r], vis, dcap);
+                  d2[e] = p[e] * (dp[m0 + mt][n][2 * r + e] - ddr[m0 + mt][r]) * dcap;
+                }
+                const int off = (rr * PP + kk0) * 2;
+                *reinterpret_cast<std::uint32_t*>(ps_ptr + off) = cuda16<T>::pack(p[0], p[1]);
+                *reinterpret_cast<std::uint32_t*>(dss_ptr + off) = cuda16<T>::pack(d2[0], d2[1]);
+              }
             }
-          }
-      };
-      if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
-        p_ds_pass(std::true_type{});
-      else
-        p_ds_pass(std::false_type{});
+        };
+        if (masked_tile)
+          p_ds_pass(std::true_type{});
+        else
+          p_ds_pass(std::false_type{});
+      }
       __syncthreads();  // every warp's P and dS are in
 
       // 2. dV += Pᵀ·dO, dK += dSᵀ·Q over this step's BQ queries.
@@ -352,7 +376,8 @@ struct TcFa2DkDvKernel {
     for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
       for (int n = 0; n < NC; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
-#pragma unroll
+    // Not unrolled at d = 256: unrolled, the fused d = 256 instances spilled 4 B (ptxas, CUDA 13.0, sm_80/86).
+#pragma unroll(D > 128 ? 1 : BK / 16)
     for (int kk = 0; kk < BK / 16; ++kk) {
       std::uint32_t a[MS][4];
 #pragma unroll
