@@ -317,42 +317,52 @@ struct TcDkDvKernel {
           tc::mma<T>(dva[n + 1], pa, bf[2], bf[3]);
         }
       }
-      // dPᵀ[key][query] = V·dOᵀ
-      float dp[BQ / 8][4];
+      // dPᵀ[key][query] = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap' and dK += dSᵀ·Q, in DPH parts of the
+      // step's query rows (d = 128: two, so that dPᵀ takes 8 registers next to dK and dV's 128, Pᵀ and the
+      // softcap factors; V's fragments are then read once per part. In one part the softcap instances spilled
+      // 4 B: ptxas, CUDA 13.0, sm_90).
+      constexpr int DPH = D == 128 ? BQ / 16 : 1, DPN = BQ / 8 / DPH;  // parts, n-tiles per part
 #pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+      for (int h = 0; h < DPH; ++h) {
+        float dp[DPN][4];
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t va[4];
-        tc::ldmatrix_x4(va, vs + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
+        for (int n = 0; n < DPN; ++n) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
 #pragma unroll
-        for (int n = 0; n < BQ / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4(bf, dos + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
-          tc::mma<T>(dp[n], va, bf[0], bf[1]);
-          tc::mma<T>(dp[n + 1], va, bf[2], bf[3]);
-        }
-      }
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap', then dK += dSᵀ·Q
+        for (int kk = 0; kk < D / 16; ++kk) {
+          std::uint32_t va[4];
+          tc::ldmatrix_x4(va, vs + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
 #pragma unroll
-      for (int n = 0; n < BQ / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = s[n][e] * (dp[n][e] - dd_s[n * 8 + 2 * t4 + (e & 1)]) * dcap[n][e];
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        std::uint32_t da[4];
-        tc::c_to_a<T>(da, s, kk);
-        if (FuseDq) {  // dSᵀ rows of this warp's keys, for dQ below (columns kk·16 … kk·16 + 15)
-          std::uint32_t* r0 = reinterpret_cast<std::uint32_t*>(ds_smem + ((warp * 16 + g) * DSP + kk * 16 + 2 * t4) * 2);
-          std::uint32_t* r1 = r0 + 8 * DSP / 2;
-          r0[0] = da[0], r1[0] = da[1], r0[4] = da[2], r1[4] = da[3];
+          for (int n = 0; n < DPN; n += 2) {
+            std::uint32_t bf[4];
+            tc::ldmatrix_x4(bf, dos + b_lane + static_cast<std::uint32_t>(((h * DPN + n) * 8 * P + kk * 16) * 2));
+            tc::mma<T>(dp[n], va, bf[0], bf[1]);
+            tc::mma<T>(dp[n + 1], va, bf[2], bf[3]);
+          }
         }
 #pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4_trans(bf, qs + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
-          tc::mma<T>(dka[n], da, bf[0], bf[1]);
-          tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
+        for (int n = 0; n < DPN; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int m = h * DPN + n;
+            s[m][e] = s[m][e] * (dp[n][e] - dd_s[m * 8 + 2 * t4 + (e & 1)]) * dcap[m][e];
+          }
+#pragma unroll
+        for (int kk = h * DPN / 2; kk < (h + 1) * DPN / 2; ++kk) {
+          std::uint32_t da[4];
+          tc::c_to_a<T>(da, s, kk);
+          if (FuseDq) {  // dSᵀ rows of this warp's keys, for dQ below (columns kk·16 … kk·16 + 15)
+            std::uint32_t* r0 =
+                reinterpret_cast<std::uint32_t*>(ds_smem + ((warp * 16 + g) * DSP + kk * 16 + 2 * t4) * 2);
+            std::uint32_t* r1 = r0 + 8 * DSP / 2;
+            r0[0] = da[0], r1[0] = da[1], r0[4] = da[2], r1[4] = da[3];
+          }
+#pragma unroll
+          for (int n = 0; n < D / 8; n += 2) {
+            std::uint32_t bf[4];
+            tc::ldmatrix_x4_trans(bf, qs + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+            tc::mma<T>(dka[n], da, bf[0], bf[1]);
+            tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
+          }
         }
       }
       // With FuseDq, before its dQ products: the two registers are free for them (d = 128 spilled otherwise).
@@ -404,7 +414,8 @@ struct TcDkDvKernel {
     // +8·(mi odd). B = K (key × column) as in the dK/dV products above.
     const std::uint32_t a_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * DSP + (mi & 1) * 8) * 2);
     const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
-#pragma unroll
+    // Not unrolled: unrolled, the d = 128 instance spilled 4-16 B (ptxas, CUDA 13.0, sm_80 to sm_90).
+#pragma unroll 1
     for (int kk = 0; kk < BK / 16; ++kk) {
       std::uint32_t a[MT][4];
 #pragma unroll
