@@ -4,6 +4,7 @@
 #include <kfa/detail/canonical.hpp>
 #include <kfa/detail/checks.hpp>
 #include <kfa/detail/forward_kernel.hpp>
+#include <kfa/detail/kernel_args.hpp>
 #include <kfa/detail/ranges.hpp>
 #include <kfa/detail/tc_dispatch.hpp>
 #include <kfa/options.hpp>
@@ -189,13 +190,13 @@ struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (tc_wgm
   static TileConfig tiles(const C& c) {
     return wgmma_forward_tiles(c.d, c.opts.softcap > 0, native_smem_max(c.space));
   }
-  template <class C, class LV>
-  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig&) {
 #if KFA_HAS_TENSOR_CORES
     if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      wgmma_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+      wgmma_forward_launch(c.space, args);
 #endif
-    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+    (void)c, (void)args;
   }
 };
 struct Fa2ForwardFamily {  // sm_80+: mma.sync in FlashAttention-2's layout, native launch (tc_fa2_forward.hpp)
@@ -210,13 +211,13 @@ struct Fa2ForwardFamily {  // sm_80+: mma.sync in FlashAttention-2's layout, nat
   static TileConfig tiles(const C& c) {
     return fa2_forward_tiles(c.d, native_smem_max(c.space));
   }
-  template <class C, class LV>
-  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig&) {
 #if KFA_HAS_TENSOR_CORES
     if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      fa2_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+      fa2_forward_launch(c.space, args);
 #endif
-    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+    (void)c, (void)args;
   }
 };
 struct TeamForwardFamily {  // sm_80+: mma.sync, a Kokkos team per 64 query rows (tc_forward.hpp)
@@ -233,11 +234,11 @@ struct TeamForwardFamily {  // sm_80+: mma.sync, a Kokkos team per 64 query rows
     using ExecSpace = typename C::exec_space;
     return tc_forward_tiles(c.d, static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>()));
   }
-  template <class C, class LV>
-  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig&) {
     if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      tc_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
-    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+      tc_forward_launch(c.space, args);
+    (void)c, (void)args;
   }
 };
 struct Tf32ForwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_forward.hpp)
@@ -251,14 +252,14 @@ struct Tf32ForwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_f
   static TileConfig tiles(const C& c) {
     return tf32_forward_tiles(c.d, native_smem_max(c.space));
   }
-  template <class C, class LV>
-  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig&) {
 #if KFA_HAS_TENSOR_CORES
     if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value &&
                   std::is_same<typename C::T, float>::value)
-      tf32_forward_launch(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+      tf32_forward_launch(c.space, args);
 #endif
-    (void)c, (void)lse, (void)scale, (void)softcap, (void)mask;
+    (void)c, (void)args;
   }
 };
 struct SimtForwardFamily {  // float on CUDA: FMA tiles in registers (simt_forward.hpp)
@@ -275,12 +276,12 @@ struct SimtForwardFamily {  // float on CUDA: FMA tiles in registers (simt_forwa
     const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
     return c.d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max);
   }
-  template <class C, class LV>
-  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask, const TileConfig&) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig&) {
     if (c.d == 64)
-      simt_forward_launch_d<64>(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+      simt_forward_launch_d<64>(c.space, args);
     else
-      simt_forward_launch_d<128>(c.space, c.q, c.k, c.v, c.o, lse, scale, softcap, mask);
+      simt_forward_launch_d<128>(c.space, args);
   }
 };
 struct PortableForwardFamily {  // every backend and element type: Kokkos team kernel (forward_kernel.hpp)
@@ -300,16 +301,11 @@ struct PortableForwardFamily {  // every backend and element type: Kokkos team k
            " B of level-1 scratch, more than the backend's ", l1_max);
     return t;
   }
-  template <class C, class LV>
-  static void launch(const C& c, const LV& lse, float scale, float softcap, const KeyMask& mask,
-                     const TileConfig& tiles) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig& tiles) {
     using ExecSpace = typename C::exec_space;
-    using Acc = accumulator_t<typename C::T>;
-    using Kernel = ForwardKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type,
-                                 typename C::o_type, LV>;
-    (void)scale, (void)softcap;  // the portable kernel takes them in the accumulation type (double for double)
-    const Kernel kernel(c.q, c.k, c.v, c.o, lse, static_cast<Acc>(resolved_scale<typename C::T>(c.opts, c.q.extent(3))),
-                        static_cast<Acc>(c.opts.softcap), mask, tiles);
+    using Kernel = ForwardKernel<ExecSpace, A>;
+    const Kernel kernel(args, tiles);
     const int league = checked_league(c.fn, "batch * heads_q * query blocks",
                                       static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) *
                                           kernel.n_qblocks);
@@ -384,12 +380,12 @@ void forward_run(const Call& c, const LV& lse, const Positions& pos) {
   compat::ScopedRegion region(plan.region);
   const auto& q = c.q;
   if (q.extent(0) == 0 || q.extent(1) == 0 || q.extent(2) == 0) return;
+  using Acc = accumulator_t<T>;
+  const Acc scale = static_cast<Acc>(resolved_scale<T>(c.opts, q.extent(3)));
   const KeyMask mask(static_cast<long>(q.extent(1)), static_cast<long>(c.k.extent(1)), pos, c.opts.causal,
                      c.opts.window_left, c.opts.window_right);
-  const float scale = static_cast<float>(resolved_scale<T>(c.opts, q.extent(3)));
-  const float softcap = static_cast<float>(c.opts.softcap);
-  with_family<ForwardFamilies>(
-      plan.family, [&](auto family) { decltype(family)::launch(c, lse, scale, softcap, mask, plan.tiles); });
+  const auto args = forward_args(c.q, c.k, c.v, c.o, lse, scale, static_cast<Acc>(c.opts.softcap), mask);
+  with_family<ForwardFamilies>(plan.family, [&](auto family) { decltype(family)::launch(c, args, plan.tiles); });
 }
 
 /// attention_forward after its checks, for a block at `pos` of a longer sequence (the ring layer's entry).
@@ -565,13 +561,11 @@ struct TensorCoreBackwardFamily {  // 16-bit, sm_80+: wgmma (sm_90a), FA2-layout
     if (plan.tiles.dkdv.scratch_l0 > l0_max) plan.tiles.dkdv.scratch_l0_max = native_smem_max(c.space);  // native
     if (kn.fa2_dq) plan.tiles.dq.scratch_l0_max = native_smem_max(c.space);
   }
-  template <class C, class LV, class DD>
-  static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
-                     const BackwardPlan& plan, BackwardParts parts) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const BackwardPlan& plan, BackwardParts parts) {
     if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      tc_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask,
-                         !plan.atomic_dq, plan.wgmma, parts);
-    (void)c, (void)lse, (void)dd, (void)scale, (void)softcap, (void)mask, (void)plan, (void)parts;
+      tc_backward_launch(c.space, args, !plan.atomic_dq, plan.wgmma, parts);
+    (void)c, (void)args, (void)plan, (void)parts;
   }
 };
 struct Tf32BackwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_backward.hpp)
@@ -585,15 +579,14 @@ struct Tf32BackwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_
   static void plan(const C& c, BackwardPlan& plan) {
     plan.tiles = tf32_backward_tiles(c.d, native_smem_max(c.space));
   }
-  template <class C, class LV, class DD>
-  static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
-                     const BackwardPlan&, BackwardParts parts) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const BackwardPlan&, BackwardParts parts) {
 #if KFA_HAS_TENSOR_CORES
     if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value &&
                   std::is_same<typename C::T, float>::value)
-      tf32_backward_launch(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask, parts);
+      tf32_backward_launch(c.space, args, parts);
 #endif
-    (void)c, (void)lse, (void)dd, (void)scale, (void)softcap, (void)mask, (void)parts;
+    (void)c, (void)args, (void)parts;
   }
 };
 struct SimtBackwardFamily {  // float on CUDA: FMA tiles in registers (simt_backward.hpp)
@@ -608,15 +601,12 @@ struct SimtBackwardFamily {  // float on CUDA: FMA tiles in registers (simt_back
     const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<typename C::exec_space>());
     plan.tiles = c.d == 64 ? simt_backward_tiles<64>(l0_max) : simt_backward_tiles<128>(l0_max);
   }
-  template <class C, class LV, class DD>
-  static void launch(const C& c, const LV& lse, const DD& dd, float scale, float softcap, const KeyMask& mask,
-                     const BackwardPlan&, BackwardParts parts) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const BackwardPlan&, BackwardParts parts) {
     if (c.d == 64)
-      simt_backward_launch_d<64>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask,
-                                 parts);
+      simt_backward_launch_d<64>(c.space, args, parts);
     else
-      simt_backward_launch_d<128>(c.space, c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, softcap, mask,
-                                  parts);
+      simt_backward_launch_d<128>(c.space, args, parts);
   }
 };
 struct PortableBackwardFamily {  // every backend and element type: Kokkos team kernels (backward_kernel.hpp)
@@ -636,21 +626,14 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
            std::max(plan.tiles.dkdv.scratch_l1, plan.tiles.dq.scratch_l1),
            " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
   }
-  template <class C, class LV, class DD>
-  static void launch(const C& c, const LV& lse, const DD& dd, float, float, const KeyMask& mask,
-                     const BackwardPlan& plan, BackwardParts parts) {
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const BackwardPlan& plan, BackwardParts parts) {
     using ExecSpace = typename C::exec_space;
-    using T = typename C::T;
-    using Acc = accumulator_t<T>;
-    // the portable kernels compute in the accumulation type (double for double)
-    const Acc scale = static_cast<Acc>(resolved_scale<T>(c.opts, c.q.extent(3)));
-    const Acc softcap = static_cast<Acc>(c.opts.softcap);
     const BackwardTileConfig& tiles = plan.tiles;
     const long batch = static_cast<long>(c.q.extent(0));
     if (c.k.extent(1) > 0 && parts != BackwardParts::dq) {
-      using K1 = DkDvKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type, typename C::do_type,
-                            LV, DD, typename C::dk_type, typename C::dv_type>;
-      const K1 k1(c.q, c.k, c.v, c.d_o, lse, dd, c.dk, c.dv, scale, softcap, mask, tiles.dkdv);
+      using K1 = DkDvKernel<ExecSpace, A>;
+      const K1 k1(args, tiles.dkdv);
       const int league = checked_league(c.fn, "batch * heads_kv * key blocks",
                                         batch * static_cast<long>(c.k.extent(2)) * k1.n_kblocks);
       Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.dkdv.team_size);
@@ -659,9 +642,8 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
       Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
     }
     if (c.q.extent(1) > 0 && parts != BackwardParts::dkdv) {
-      using K2 = DqKernel<ExecSpace, typename C::q_type, typename C::k_type, typename C::v_type, typename C::do_type,
-                          LV, DD, typename C::dq_type>;
-      const K2 k2(c.q, c.k, c.v, c.d_o, lse, dd, c.dq, scale, softcap, mask, tiles.dq);
+      using K2 = DqKernel<ExecSpace, A>;
+      const K2 k2(args, tiles.dq);
       const int league = checked_league(c.fn, "batch * heads_q * query blocks",
                                         batch * static_cast<long>(c.q.extent(2)) * k2.n_qblocks);
       Kokkos::TeamPolicy<ExecSpace> p2(c.space, league, tiles.dq.team_size);
@@ -712,12 +694,13 @@ bool backward_run(const Call& c, const LV& lse, const DD& dd, const Positions& p
     zero4(c.space, c.dv, "kfa::attention_backward::zero_dv");
     return wrote_dq;
   }
+  using Acc = accumulator_t<T>;
+  const Acc scale = static_cast<Acc>(resolved_scale<T>(opts, c.q.extent(3)));
   const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
-  const float scale = static_cast<float>(resolved_scale<T>(opts, c.q.extent(3)));
-  const float softcap = static_cast<float>(opts.softcap);
-  with_family<BackwardFamilies>(plan.family, [&](auto family) {
-    decltype(family)::launch(c, lse, dd, scale, softcap, mask, plan, parts);
-  });
+  const auto args =
+      backward_args(c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, static_cast<Acc>(opts.softcap), mask);
+  with_family<BackwardFamilies>(plan.family,
+                                [&](auto family) { decltype(family)::launch(c, args, plan, parts); });
   return wrote_dq;
 }
 

@@ -109,13 +109,13 @@ Grads run_kernel(Fp32Backward family, const Shape& s, const RefOptions& ro, cons
   poison(dq), poison(dk), poison(dv);
   const kfa::detail::KeyMask mask(s.seq_q, s.seq_k, ro.causal, ro.window_left, ro.window_right);
   const float scale = static_cast<float>(ref_scale(s, ro)), softcap = static_cast<float>(ro.softcap);
+  const auto args = kfa::detail::backward_args(q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
   if (family == Fp32Backward::simt) {
     if constexpr (D == 64 || D == 128)  // the SIMT kernels' head dims
-      kfa::detail::simt_backward_launch_d<D>(Exec(), q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask);
+      kfa::detail::simt_backward_launch_d<D>(Exec(), args);
   } else {
 #if KFA_HAS_TENSOR_CORES
-    kfa::detail::tf32_backward_launch(Exec(), q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask,
-                                      kfa::detail::BackwardParts::all);
+    kfa::detail::tf32_backward_launch(Exec(), args, kfa::detail::BackwardParts::all);
 #endif
   }
   Exec().fence();

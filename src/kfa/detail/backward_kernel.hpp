@@ -44,8 +44,16 @@ KOKKOS_INLINE_FUNCTION Acc recompute_lse(Acc lse) {
   return lse == -compat::infinity<Acc>() ? compat::infinity<Acc>() : lse;
 }
 
-template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV, class DVV>
+template <class ExecSpace, class Args>
 struct DkDvKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DKV = typename Args::dk_type;
+  using DVV = typename Args::dv_type;
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -64,13 +72,12 @@ struct DkDvKernel {
   KeyMask mask;
   BackwardScratchLayout lay;
 
-  DkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_, const DKV& dk_,
-             const DVV& dv_, Acc scale_, Acc softcap_, const KeyMask& mask_, const TileConfig& t)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_),
-        seq_q(static_cast<int>(q_.extent(1))), seq_k(static_cast<int>(k_.extent(1))),
-        heads_kv(static_cast<int>(k_.extent(2))), head_dim(static_cast<int>(q_.extent(3))),
-        group(static_cast<int>(q_.extent(2) / k_.extent(2))), bq(t.block_q), bk(t.block_k),
-        n_kblocks((seq_k + t.block_k - 1) / t.block_k), scale(scale_), softcap(softcap_), mask(mask_),
+  DkDvKernel(const Args& a, const TileConfig& t)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv),
+        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))), head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), bq(t.block_q), bk(t.block_k),
+        n_kblocks((seq_k + t.block_k - 1) / t.block_k), scale(a.scale), softcap(a.softcap), mask(a.mask),
         lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
@@ -173,8 +180,15 @@ struct DkDvKernel {
   }
 };
 
-template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DV, class DQV>
+template <class ExecSpace, class Args>
 struct DqKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DQV = typename Args::dq_type;
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -192,12 +206,11 @@ struct DqKernel {
   KeyMask mask;
   BackwardScratchLayout lay;
 
-  DqKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_, const DQV& dq_,
-           Acc scale_, Acc softcap_, const KeyMask& mask_, const TileConfig& t)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dq(dq_), seq_q(static_cast<int>(q_.extent(1))),
-        heads_q(static_cast<int>(q_.extent(2))), head_dim(static_cast<int>(q_.extent(3))),
-        group(static_cast<int>(q_.extent(2) / k_.extent(2))), bq(t.block_q), bk(t.block_k),
-        n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(scale_), softcap(softcap_), mask(mask_),
+  DqKernel(const Args& a, const TileConfig& t)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dq(a.dq), seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))), head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), bq(t.block_q), bk(t.block_k),
+        n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(a.scale), softcap(a.softcap), mask(a.mask),
         lay(t.block_k, t.block_q, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {

@@ -11,7 +11,7 @@
 /// So const-ness, memory traits, Device<> spellings and layout mixes no longer multiply the kernels'
 /// instantiations: per execution space, element type and memory space the tensors come in two layouts (and
 /// lse / D in two), whatever the callers pass (perf/RESULTS.md, "Canonical views and non-finite keys", has
-/// what it changed).
+/// what it changed). The kernels take these Views in one argument struct per call (kernel_args.hpp).
 #include <kfa/compat.hpp>
 #include <type_traits>
 

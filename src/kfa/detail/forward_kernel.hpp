@@ -14,8 +14,13 @@
 namespace kfa {
 namespace detail {
 
-template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+template <class ExecSpace, class Args>
 struct ForwardKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using OV = typename Args::o_type;
+  using LV = typename Args::lse_type;
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using OutT = typename OV::non_const_value_type;  // T, or Acc for the ring layer's partials
@@ -34,13 +39,12 @@ struct ForwardKernel {
   KeyMask mask;
   ForwardScratchLayout lay;
 
-  ForwardKernel(const QV& q_, const KV& k_, const VV& v_, const OV& o_, const LV& lse_, Acc scale_, Acc softcap_,
-                const KeyMask& mask_, const TileConfig& t)
-      : q(q_), k(k_), v(v_), o(o_), lse(lse_),
-        seq_q(static_cast<int>(q_.extent(1))), heads_q(static_cast<int>(q_.extent(2))),
-        head_dim(static_cast<int>(q_.extent(3))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        bq(t.block_q), bk(t.block_k), n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(scale_),
-        softcap(softcap_), mask(mask_), lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
+  ForwardKernel(const Args& a, const TileConfig& t)
+      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse),
+        seq_q(static_cast<int>(a.q.extent(1))), heads_q(static_cast<int>(a.q.extent(2))),
+        head_dim(static_cast<int>(a.q.extent(3))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        bq(t.block_q), bk(t.block_k), n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(a.scale),
+        softcap(a.softcap), mask(a.mask), lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     constexpr int W = MicroTileShape<ExecSpace>::lanes;  // query rows per element-wise step

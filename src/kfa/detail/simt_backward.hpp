@@ -221,8 +221,16 @@ __device__ __forceinline__ void reduce_p_ds(const float (&s)[2], const float (&d
 
 #if defined(KOKKOS_ENABLE_CUDA)
 /// dK and dV of one key block per team (see the top of this file).
-template <int D, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV, class DVV>
+template <int D, class Args>
 struct SimtDkDvKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DKV = typename Args::dk_type;
+  using DVV = typename Args::dv_type;
   using Shape = SimtBackwardShape<D>;
   static constexpr int H = Shape::lanes_per_row, R = Shape::rows_per_thread, HD = Shape::slice, C = HD / 4,
                        BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, T = Shape::threads;
@@ -245,24 +253,23 @@ struct SimtDkDvKernel {
   float scale, softcap;
   KeyMask mask;
 
-  SimtDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
-                 const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_)
-      : q(q_),
-        k(k_),
-        v(v_),
-        d_o(do_),
-        lse(lse_),
-        dd(dd_),
-        dk(dk_),
-        dv(dv_),
-        seq_q(static_cast<int>(q_.extent(1))),
-        seq_k(static_cast<int>(k_.extent(1))),
-        heads_kv(static_cast<int>(k_.extent(2))),
-        group(k_.extent(2) > 0 ? static_cast<int>(q_.extent(2) / k_.extent(2)) : 0),
+  explicit SimtDkDvKernel(const Args& a)
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dk(a.dk),
+        dv(a.dv),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))),
+        group(a.k.extent(2) > 0 ? static_cast<int>(a.q.extent(2) / a.k.extent(2)) : 0),
         n_kblocks((seq_k + BK - 1) / BK),
-        scale(scale_),
-        softcap(softcap_),
-        mask(mask_) {}
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if defined(__CUDA_ARCH__)
@@ -368,8 +375,15 @@ struct SimtDkDvKernel {
 };
 
 /// dQ of one query block per team (see the top of this file).
-template <int D, class QV, class KV, class VV, class DOV, class LV, class DV, class DQV>
+template <int D, class Args>
 struct SimtDqKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DQV = typename Args::dq_type;
   using Shape = SimtBackwardShape<D>;
   static constexpr int H = Shape::lanes_per_row, R = Shape::rows_per_thread, HD = Shape::slice, C = HD / 4,
                        BQ = Shape::dq_block_q, BK = Shape::dq_block_k, T = Shape::threads;
@@ -390,22 +404,21 @@ struct SimtDqKernel {
   float scale, softcap;
   KeyMask mask;
 
-  SimtDqKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_, const DQV& dq_,
-               float scale_, float softcap_, const KeyMask& mask_)
-      : q(q_),
-        k(k_),
-        v(v_),
-        d_o(do_),
-        lse(lse_),
-        dd(dd_),
-        dq(dq_),
-        seq_q(static_cast<int>(q_.extent(1))),
-        heads_q(static_cast<int>(q_.extent(2))),
-        group(k_.extent(2) > 0 ? static_cast<int>(q_.extent(2) / k_.extent(2)) : 1),
+  explicit SimtDqKernel(const Args& a)
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dq(a.dq),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))),
+        group(a.k.extent(2) > 0 ? static_cast<int>(a.q.extent(2) / a.k.extent(2)) : 1),
         n_qblocks((seq_q + BQ - 1) / BQ),
-        scale(scale_),
-        softcap(softcap_),
-        mask(mask_) {}
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if defined(__CUDA_ARCH__)
@@ -503,20 +516,18 @@ BackwardTileConfig simt_backward_tiles(std::size_t l0_max) {
 /// d_o, lse [batch, heads_q, seq_q] (the forward's) and dd = rowsum(dO ∘ O) [batch, heads_q, seq_q].
 /// Arguments as tc_backward_launch_d; needs what simt_forward_why_not checks (float on Kokkos::Cuda, unit
 /// head-dim stride, 16-byte-aligned rows). Every dk/dv row is written (zero where no query sees the key).
-template <int D, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV,
-          class DVV>
-void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
-                            const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale,
-                            float softcap, const KeyMask& mask, BackwardParts parts = BackwardParts::all) {
+template <int D, class ExecSpace, class Args>
+void simt_backward_launch_d(const ExecSpace& space, const Args& args, BackwardParts parts = BackwardParts::all) {
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
-                std::is_same<typename QV::non_const_value_type, float>::value &&
-                std::is_same<typename DD::non_const_value_type, float>::value &&
-                std::is_same<typename DQV::non_const_value_type, float>::value) {
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<typename Args::T, float>::value &&
+                std::is_same<typename Args::d_type::non_const_value_type, float>::value &&
+                std::is_same<typename Args::dq_type::non_const_value_type, float>::value) {
     using S = SimtBackwardShape<D>;
+    const auto& q = args.q;
+    const auto& k = args.k;
     if (k.extent(1) > 0 && parts != BackwardParts::dq) {
-      using K1 = SimtDkDvKernel<D, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-      const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
+      using K1 = SimtDkDvKernel<D, Args>;
+      const K1 k1(args);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
       checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       if (league > 0) {
@@ -526,8 +537,8 @@ void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, co
       }
     }
     if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
-      using K2 = SimtDqKernel<D, QV, KV, VV, DOV, LV, DD, DQV>;
-      const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+      using K2 = SimtDqKernel<D, Args>;
+      const K2 k2(args);
       const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
       checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
       if (league > 0) {
@@ -539,8 +550,7 @@ void simt_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, co
     return;
   }
 #endif
-  (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)parts;
+  (void)space, (void)args, (void)parts;
   fail("kfa: the CUDA fp32 backward does not exist for these types in this build");
 }
 

@@ -43,8 +43,13 @@ struct SimtForwardShape {
 };
 
 #if defined(KOKKOS_ENABLE_CUDA)
-template <int D, class QV, class KV, class VV, class OV, class LV>
+template <int D, class Args>
 struct SimtForwardKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using OV = typename Args::o_type;
+  using LV = typename Args::lse_type;
   using Shape = SimtForwardShape<D>;
   static constexpr int H = Shape::lanes_per_row, R = Shape::rows_per_thread, BQ = Shape::block_q,
                        BK = Shape::block_k, P = Shape::pitch;
@@ -62,11 +67,10 @@ struct SimtForwardKernel {
   float scale, softcap;
   KeyMask mask;
 
-  SimtForwardKernel(const QV& q_, const KV& k_, const VV& v_, const OV& o_, const LV& lse_, float scale_,
-                    float softcap_, const KeyMask& mask_)
-      : q(q_), k(k_), v(v_), o(o_), lse(lse_), seq_q(static_cast<int>(q_.extent(1))),
-        heads_q(static_cast<int>(q_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), softcap(softcap_), mask(mask_) {}
+  explicit SimtForwardKernel(const Args& a)
+      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse), seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ), scale(a.scale), softcap(a.softcap), mask(a.mask) {}
 
 #if defined(__CUDA_ARCH__)
   /// BK × D floats (row r at src + r·stride) into scratch rows of pitch P, dim slices HD + 4 floats

@@ -108,9 +108,16 @@ __device__ __forceinline__ float tc_recompute_p(float s, const TcRecomputeConsts
 /// also dQ += dS·K per step into `dq_acc` (fp32 [batch][seq_q][heads_q][D], zeroed; unscaled) with atomic
 /// adds — dSᵀ goes through shared memory, each warp multiplies all query rows of the step by a quarter
 /// of K's columns (tc_backward_launch_d converts dq_acc into dq).
-template <int D, bool Softcap, bool FuseDq, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV,
-          class DVV>
+template <int D, bool Softcap, bool FuseDq, class Args>
 struct TcDkDvKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DKV = typename Args::dk_type;
+  using DVV = typename Args::dv_type;
   using T = typename QV::non_const_value_type;
   using Shape = TcBackwardShape<D, FuseDq>;
   static constexpr int WARPS = Shape::dkdv_warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q, P = Shape::pitch;
@@ -130,13 +137,11 @@ struct TcDkDvKernel {
   TcRecomputeConsts pc;
   KeyMask mask;
 
-  TcDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
-               const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_,
-               float* dq_acc_ = nullptr)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), dq_acc(dq_acc_),
-        seq_q(static_cast<int>(q_.extent(1))), seq_k(static_cast<int>(k_.extent(1))),
-        heads_kv(static_cast<int>(k_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK), scale(scale_), pc(scale_, softcap_), mask(mask_) {}
+  TcDkDvKernel(const Args& a, float* dq_acc_ = nullptr)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv), dq_acc(dq_acc_),
+        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_kblocks((seq_k + BK - 1) / BK), scale(a.scale), pc(a.scale, a.softcap), mask(a.mask) {}
 
   using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, MIN_BLOCKS>>;
   using member_type = typename policy_type::member_type;
@@ -461,8 +466,15 @@ struct TcDkDvKernel {
 #endif
 };
 
-template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DV, class DQV>
+template <int D, bool Softcap, class Args>
 struct TcDqKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DQV = typename Args::dq_type;
   using T = typename QV::non_const_value_type;
   using Shape = TcBackwardShape<D>;
   static constexpr int WARPS = Shape::warps, BQ = Shape::dq_block_q, BK = Shape::dq_block_k, P = Shape::pitch;
@@ -481,11 +493,10 @@ struct TcDqKernel {
   TcRecomputeConsts pc;
   KeyMask mask;
 
-  TcDqKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_, const DQV& dq_,
-             float scale_, float softcap_, const KeyMask& mask_)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dq(dq_), seq_q(static_cast<int>(q_.extent(1))),
-        heads_q(static_cast<int>(q_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), pc(scale_, softcap_), mask(mask_) {}
+  explicit TcDqKernel(const Args& a)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dq(a.dq), seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ), scale(a.scale), pc(a.scale, a.softcap), mask(a.mask) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if KFA_TC_DEVICE

@@ -404,16 +404,14 @@ TileConfig simt_forward_tiles(std::size_t l0_max) {
   return t;
 }
 
-template <int D, class ExecSpace, class QV, class KV, class VV, class OV, class LV>
-void simt_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                           float scale, float softcap, const KeyMask& mask) {
+template <int D, class ExecSpace, class Args>
+void simt_forward_launch_d(const ExecSpace& space, const Args& args) {
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value &&
-                std::is_same<typename QV::non_const_value_type, float>::value &&
-                std::is_same<typename OV::non_const_value_type, float>::value) {
-    using Kernel = SimtForwardKernel<D, QV, KV, VV, OV, LV>;
-    const Kernel kernel(q, k, v, o, lse, scale, softcap, mask);
-    const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<typename Args::T, float>::value &&
+                std::is_same<typename Args::o_type::non_const_value_type, float>::value) {
+    using Kernel = SimtForwardKernel<D, Args>;
+    const Kernel kernel(args);
+    const long league = static_cast<long>(args.q.extent(0)) * static_cast<long>(args.q.extent(2)) * kernel.n_qblocks;
     checked_league("kfa::attention_forward", "batch * heads_q * query blocks", league);
     typename Kernel::policy_type policy(space, static_cast<int>(league), SimtForwardShape<D>::threads / 32, 32);
     policy.set_scratch_size(0, Kokkos::PerTeam(SimtForwardShape<D>::scratch_l0));
@@ -421,51 +419,46 @@ void simt_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, con
     return;
   }
 #endif
-  (void)space, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)scale, (void)softcap, (void)mask;
+  (void)space, (void)args;
   fail("kfa: the CUDA fp32 kernel does not exist for these types in this build");
 }
 
-template <int D, class ExecSpace, class QV, class KV, class VV, class OV, class LV>
-void tc_forward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                         float scale, float softcap, const KeyMask& mask) {
+template <int D, class ExecSpace, class Args>
+void tc_forward_launch_d(const ExecSpace& space, const Args& args) {
 #if KFA_HAS_TENSOR_CORES
-  using Kernel = TcForwardKernel<D, QV, KV, VV, OV, LV>;
-  const Kernel kernel(q, k, v, o, lse, scale, softcap, mask);
-  const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * kernel.n_qblocks;
+  using Kernel = TcForwardKernel<D, Args>;
+  const Kernel kernel(args);
+  const long league = static_cast<long>(args.q.extent(0)) * static_cast<long>(args.q.extent(2)) * kernel.n_qblocks;
   checked_league("kfa::attention_forward", "batch * heads_q * query blocks", league);
   typename Kernel::policy_type policy(space, static_cast<int>(league), Kernel::WARPS, 32);
   policy.set_scratch_size(0, Kokkos::PerTeam(TcForwardShape<D>::scratch_l0));
   Kokkos::parallel_for("kfa::attention_forward[tensor_core]", policy, kernel);
 #else
-  (void)space, (void)q, (void)k, (void)v, (void)o, (void)lse, (void)scale, (void)softcap, (void)mask;
+  (void)space, (void)args;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
 
-template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
-void tc_forward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                       float scale, float softcap, const KeyMask& mask) {
-  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
-    tc_forward_launch_d<decltype(dc)::value>(space, q, k, v, o, lse, scale, softcap, mask);
-  });
+template <class ExecSpace, class Args>
+void tc_forward_launch(const ExecSpace& space, const Args& args) {
+  tc_head_dim_switch(static_cast<int>(args.q.extent(3)),
+                     [&](auto dc) { tc_forward_launch_d<decltype(dc)::value>(space, args); });
 }
 
 /// The dK/dV kernel (FuseDq: with dQ accumulated into dq_acc): the wgmma kernel where the plan says so
 /// (`wgmma`: wgmma_backward_why_not is ""), else the FA2-layout kernel (natively) where
 /// tc_fa2_backward_runs, else the 16-keys-per-warp kernel, under Kokkos where its tiles fit the team
 /// scratch, natively otherwise.
-template <int D, bool Softcap, bool FuseDq, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD,
-          class DKV, class DVV>
-void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
-                    const DD& dd, const DKV& dk, const DVV& dv, float scale, float softcap, const KeyMask& mask,
-                    float* dq_acc, bool wgmma) {
+template <int D, bool Softcap, bool FuseDq, class ExecSpace, class Args>
+void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, bool wgmma) {
 #if KFA_HAS_TENSOR_CORES
+  const auto& k = args.k;
   if constexpr (!FuseDq && D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (wgmma) {
       using S = WgmmaBackwardShape<D>;
       auto run = [&](auto tma) {  // the kernel loading by TMA where its descriptors are made, else by cp.async
-        using K1 = TcWgmmaDkDvKernel<D, Softcap, decltype(tma)::value, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-        K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask);
+        using K1 = TcWgmmaDkDvKernel<D, Softcap, decltype(tma)::value, Args>;
+        K1 k1(args);
         if (decltype(tma)::value && !k1.set_tma()) return false;
         const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
         checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
@@ -481,8 +474,8 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
   if constexpr (tc_fa2_backward_used<D, FuseDq>()) {
     using S = Fa2BackwardShape<D, FuseDq>;
     if (tc_fa2_backward_runs(space, D, FuseDq)) {
-      using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-      const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+      using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, Args>;
+      const K1 k1(args, dq_acc);
       const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
       checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
@@ -495,8 +488,8 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
          ", does not fit this device's shared memory");
   } else {
   using S = TcBackwardShape<D, FuseDq>;
-  using K1 = TcDkDvKernel<D, Softcap, FuseDq, QV, KV, VV, DOV, LV, DD, DKV, DVV>;
-  const K1 k1(q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, dq_acc);
+  using K1 = TcDkDvKernel<D, Softcap, FuseDq, Args>;
+  const K1 k1(args, dq_acc);
   const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
   checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
   // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
@@ -517,8 +510,7 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
                 K1::MIN_BLOCKS, k1);
   }
 #else
-  (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)dq_acc, (void)wgmma;
+  (void)space, (void)args, (void)dq_acc, (void)wgmma;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
@@ -528,20 +520,23 @@ void tc_dkdv_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& 
 /// TcDqKernel). Otherwise dQ is fused into the dK/dV kernel (5 products) through a zeroed fp32 accumulator
 /// allocated here, then converted into dq (the plan passes deterministic = false only where
 /// tc_atomic_dq_pays).
-template <int D, bool Softcap, class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV,
-          class DKV, class DVV>
-void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
-                          const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                          const KeyMask& mask, bool deterministic, bool wgmma, BackwardParts parts) {
+template <int D, bool Softcap, class ExecSpace, class Args>
+void tc_backward_launch_d(const ExecSpace& space, const Args& args, bool deterministic, bool wgmma,
+                          BackwardParts parts) {
 #if KFA_HAS_TENSOR_CORES
   using S = TcBackwardShape<D>;
+  using DQV = typename Args::dq_type;
+  const auto& q = args.q;
+  const auto& k = args.k;
+  const auto& dq = args.dq;
+  const float scale = args.scale;
   if (!deterministic) {  // dQ comes with dK/dV
     if (parts == BackwardParts::dq) return;
     const long n = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(1)) * static_cast<long>(q.extent(2)) * D;
     Kokkos::View<float*, typename ExecSpace::memory_space> acc(
         Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
     if (k.extent(1) > 0)
-      tc_dkdv_launch<D, Softcap, true>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, acc.data(), false);
+      tc_dkdv_launch<D, Softcap, true>(space, args, acc.data(), false);
     // dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), one warp per row.
     const float* a = acc.data();
     const std::int64_t seq_q = static_cast<std::int64_t>(q.extent(1)), heads_q = static_cast<std::int64_t>(q.extent(2));
@@ -553,25 +548,24 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     return;  // acc's deallocation waits for the device (Kokkos synchronizes before freeing device memory)
   }
   if (k.extent(1) > 0 && parts != BackwardParts::dq)
-    tc_dkdv_launch<D, Softcap, false>(space, q, k, v, d_o, lse, dd, dk, dv, scale, softcap, mask, nullptr,
-                                      wgmma);
+    tc_dkdv_launch<D, Softcap, false>(space, args, nullptr, wgmma);
   if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
     if constexpr (D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (wgmma) {
-        wgmma_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+        wgmma_dq_launch_d<D, Softcap>(space, args);
         return;
       }
     }
     if (fa2_dq_problem(space, D).empty()) {
-      fa2_dq_launch_d<D, Softcap>(space, q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+      fa2_dq_launch_d<D, Softcap>(space, args);
       return;
     }
     if constexpr (D > 128) {  // the plan checked fa2_dq_problem (tc_backward_problem)
       fail("kfa::attention_backward: the FA2-layout dQ kernel, the only one at head_dim = ", D,
            ", does not fit this device's shared memory");
     } else {
-    using K2 = TcDqKernel<D, Softcap, QV, KV, VV, DOV, LV, DD, DQV>;
-    const K2 k2(q, k, v, d_o, lse, dd, dq, scale, softcap, mask);
+    using K2 = TcDqKernel<D, Softcap, Args>;
+    const K2 k2(args);
     const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
     checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
     typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
@@ -580,25 +574,20 @@ void tc_backward_launch_d(const ExecSpace& space, const QV& q, const KV& k, cons
     }
   }
 #else
-  (void)space, (void)q, (void)k, (void)v, (void)d_o, (void)lse, (void)dd, (void)dq, (void)dk, (void)dv, (void)scale,
-      (void)softcap, (void)mask, (void)deterministic, (void)wgmma, (void)parts;
+  (void)space, (void)args, (void)deterministic, (void)wgmma, (void)parts;
   fail("kfa: tensor-core kernels are not compiled in this build");
 #endif
 }
 
-template <class ExecSpace, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
-void tc_backward_launch(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
-                        const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale, float softcap,
-                        const KeyMask& mask, bool deterministic, bool wgmma,
+template <class ExecSpace, class Args>
+void tc_backward_launch(const ExecSpace& space, const Args& args, bool deterministic, bool wgmma,
                         BackwardParts parts = BackwardParts::all) {
-  fa2_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+  fa2_head_dim_switch(static_cast<int>(args.q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (softcap > 0.f)
-      tc_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic,
-                                    wgmma, parts);
+    if (args.softcap > 0.f)
+      tc_backward_launch_d<D, true>(space, args, deterministic, wgmma, parts);
     else
-      tc_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, deterministic,
-                                     wgmma, parts);
+      tc_backward_launch_d<D, false>(space, args, deterministic, wgmma, parts);
   });
 }
 

@@ -84,9 +84,16 @@ struct Fa2BackwardShape : TcBackwardShape<D, Fused> {
 };
 
 #if KFA_HAS_TENSOR_CORES
-template <int D, bool Softcap, bool FuseDq, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV,
-          class DVV>
+template <int D, bool Softcap, bool FuseDq, class Args>
 struct TcFa2DkDvKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DKV = typename Args::dk_type;
+  using DVV = typename Args::dv_type;
   using T = typename QV::non_const_value_type;
   using Shape = Fa2BackwardShape<D, FuseDq>;
   static constexpr int WARPS = Shape::dkdv_warps, BK = Shape::dkdv_block_k, BQ = Shape::dkdv_block_q;
@@ -112,13 +119,11 @@ struct TcFa2DkDvKernel {
   TcRecomputeConsts pc;
   KeyMask mask;
 
-  TcFa2DkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
-                  const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_,
-                  float* dq_acc_ = nullptr)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), dq_acc(dq_acc_),
-        seq_q(static_cast<int>(q_.extent(1))), seq_k(static_cast<int>(k_.extent(1))),
-        heads_kv(static_cast<int>(k_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK), scale(scale_), pc(scale_, softcap_), mask(mask_) {}
+  TcFa2DkDvKernel(const Args& a, float* dq_acc_ = nullptr)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv), dq_acc(dq_acc_),
+        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_kblocks((seq_k + BK - 1) / BK), scale(a.scale), pc(a.scale, a.softcap), mask(a.mask) {}
 
   /// The body of block `lr` (native_team_kernel), with Shape::dkdv_scratch bytes of shared memory at smem.
   __device__ void run(int lr, char* smem) const {

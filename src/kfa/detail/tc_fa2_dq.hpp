@@ -255,31 +255,28 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
 
 /// The arguments of a natively launched dQ kernel with `block_q` query rows per block; returns the number of
 /// blocks (native_launch checks that it fits an int).
-template <class QV, class KV, class VV, class DOV, class LV, class DDV, class DQV>
-long set_dq_args(Fa2DqArgs<typename DQV::non_const_value_type>& a, const QV& q, const KV& k, const VV& v,
-                 const DOV& d_o, const LV& lse, const DDV& dd, const DQV& dq, int block_q, float scale, float softcap,
-                 const KeyMask& mask) {
-  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
-  static_assert(std::is_same<typename DDV::non_const_value_type, float>::value, "float D only");
-  const long league = a.set_qkv(q, k, v, block_q, scale, mask);
-  a.d_o = reinterpret_cast<const std::uint16_t*>(d_o.data());
-  a.lse = lse.data();
-  a.dd = dd.data();
-  a.dq = dq.data();
-  strides3(d_o, a.do_s), strides3(dq, a.dq_s), strides3(lse, a.l_s), strides3(dd, a.d_s);
-  a.pc = TcRecomputeConsts(scale, softcap);
+template <class Args>
+long set_dq_args(Fa2DqArgs<typename Args::dq_type::non_const_value_type>& a, const Args& args, int block_q) {
+  static_assert(std::is_same<typename Args::lse_type::non_const_value_type, float>::value, "float log-sum-exp only");
+  static_assert(std::is_same<typename Args::d_type::non_const_value_type, float>::value, "float D only");
+  const long league = a.set_qkv(args, block_q);
+  a.d_o = reinterpret_cast<const std::uint16_t*>(args.d_o.data());
+  a.lse = args.lse.data();
+  a.dd = args.dd.data();
+  a.dq = args.dq.data();
+  strides3(args.d_o, a.do_s), strides3(args.dq, a.dq_s), strides3(args.lse, a.l_s), strides3(args.dd, a.d_s);
+  a.pc = TcRecomputeConsts(args.scale, args.softcap);
   return league;
 }
 
 /// dq = scale · Σ_key dS·K for every query row, with this kernel (fa2_dq_problem(space, D) is "").
-template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DDV, class DQV>
-void fa2_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
-                     const DDV& dd, const DQV& dq, float scale, float softcap, const KeyMask& mask) {
-  using T = typename QV::non_const_value_type;
-  using OutT = typename DQV::non_const_value_type;
+template <int D, bool Softcap, class Args>
+void fa2_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
+  using T = typename Args::T;
+  using OutT = typename Args::dq_type::non_const_value_type;
   using Shape = Fa2DqShape<D>;
   Fa2DqArgs<OutT> a;
-  const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, Shape::block_q, scale, softcap, mask);
+  const long league = set_dq_args(a, args, Shape::block_q);
   native_launch(space, "kfa::attention_backward::dq[tensor_core_fa2]", &tc_fa2_dq_kernel<D, Softcap, T, OutT>, league,
                 dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
 }

@@ -84,20 +84,21 @@ struct Fa2QkvArgs {
   int seq_q, heads_q, group, n_qblocks;
   float scale;
   KeyMask mask;
-  /// From the views; `block_q`: the kernel's query rows per block. Returns the number of blocks.
-  template <class QV, class KV, class VV>
-  long set_qkv(const QV& q_, const KV& k_, const VV& v_, int block_q, float scale_, const KeyMask& mask_) {
-    q = reinterpret_cast<const std::uint16_t*>(q_.data());
-    k = reinterpret_cast<const std::uint16_t*>(k_.data());
-    v = reinterpret_cast<const std::uint16_t*>(v_.data());
-    strides3(q_, q_s), strides3(k_, k_s), strides3(v_, v_s);
-    seq_q = static_cast<int>(q_.extent(1));
-    heads_q = static_cast<int>(q_.extent(2));
-    group = static_cast<int>(q_.extent(2) / k_.extent(2));
+  /// From a call's ForwardArgs or BackwardArgs (kernel_args.hpp); `block_q`: the kernel's query rows per
+  /// block. Returns the number of blocks.
+  template <class Args>
+  long set_qkv(const Args& x, int block_q) {
+    q = reinterpret_cast<const std::uint16_t*>(x.q.data());
+    k = reinterpret_cast<const std::uint16_t*>(x.k.data());
+    v = reinterpret_cast<const std::uint16_t*>(x.v.data());
+    strides3(x.q, q_s), strides3(x.k, k_s), strides3(x.v, v_s);
+    seq_q = static_cast<int>(x.q.extent(1));
+    heads_q = static_cast<int>(x.q.extent(2));
+    group = static_cast<int>(x.q.extent(2) / x.k.extent(2));
     n_qblocks = (seq_q + block_q - 1) / block_q;
-    scale = scale_;
-    mask = mask_;
-    return static_cast<long>(q_.extent(0)) * heads_q * n_qblocks;
+    scale = x.scale;
+    mask = x.mask;
+    return static_cast<long>(x.q.extent(0)) * heads_q * n_qblocks;
   }
 };
 
@@ -387,51 +388,46 @@ std::string fa2_forward_problem(const ExecSpace& space, int d) {
 }
 
 #if KFA_HAS_TENSOR_CORES
-/// Fills the forward's arguments from the views for a kernel of `block_q` query rows per block; returns the
-/// number of blocks (native_launch checks it fits an int).
-template <class OutT, class QV, class KV, class VV, class OV, class LV>
-long set_forward_args(Fa2ForwardArgs<OutT>& a, int block_q, const QV& q, const KV& k, const VV& v, const OV& o,
-                      const LV& lse, float scale, float softcap, const KeyMask& mask) {
-  static_assert(std::is_same<typename OV::non_const_value_type, OutT>::value, "the kernel writes o's type");
-  static_assert(std::is_same<typename LV::non_const_value_type, float>::value, "float log-sum-exp only");
-  const long league = a.set_qkv(q, k, v, block_q, scale, mask);
-  a.o = o.data();
-  a.lse = lse.data();
-  strides3(o, a.o_s), strides3(lse, a.l_s);
-  a.softcap = softcap;
+/// Fills the forward's arguments from a call's ForwardArgs for a kernel of `block_q` query rows per block;
+/// returns the number of blocks (native_launch checks it fits an int).
+template <class OutT, class Args>
+long set_forward_args(Fa2ForwardArgs<OutT>& a, int block_q, const Args& args) {
+  static_assert(std::is_same<typename Args::o_type::non_const_value_type, OutT>::value, "the kernel writes o's type");
+  static_assert(std::is_same<typename Args::lse_type::non_const_value_type, float>::value, "float log-sum-exp only");
+  const long league = a.set_qkv(args, block_q);
+  a.o = args.o.data();
+  a.lse = args.lse.data();
+  strides3(args.o, a.o_s), strides3(args.lse, a.l_s);
+  a.softcap = args.softcap;
   return league;
 }
 
-/// Fills the forward's arguments from the views and launches `kernel` (a natively launched forward with
-/// shape Shape: this one, the 3xTF32 one) on the caller's stream; `name` is its profiling region.
-template <class Shape, class OutT, class QV, class KV, class VV, class OV, class LV>
-void native_forward_launch(const Kokkos::Cuda& space, const char* name, void (*kernel)(Fa2ForwardArgs<OutT>), const QV& q,
-                           const KV& k, const VV& v, const OV& o, const LV& lse, float scale, float softcap,
-                           const KeyMask& mask) {
+/// Fills the forward's arguments from a call's ForwardArgs and launches `kernel` (a natively launched forward
+/// with shape Shape: this one, the 3xTF32 one) on the caller's stream; `name` is its profiling region.
+template <class Shape, class OutT, class Args>
+void native_forward_launch(const Kokkos::Cuda& space, const char* name, void (*kernel)(Fa2ForwardArgs<OutT>),
+                           const Args& args) {
   Fa2ForwardArgs<OutT> a;
-  const long league = set_forward_args(a, Shape::block_q, q, k, v, o, lse, scale, softcap, mask);
+  const long league = set_forward_args(a, Shape::block_q, args);
   native_launch(space, name, kernel, league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
 }
 
-template <int D, bool Softcap, class QV, class KV, class VV, class OV, class LV>
-void fa2_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                          float scale, float softcap, const KeyMask& mask) {
-  using T = typename QV::non_const_value_type;
-  using OutT = typename OV::non_const_value_type;
+template <int D, bool Softcap, class Args>
+void fa2_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
+  using T = typename Args::T;
+  using OutT = typename Args::o_type::non_const_value_type;
   native_forward_launch<Fa2ForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_fa2]",
-                                                   &tc_fa2_forward_kernel<D, Softcap, T, OutT>, q, k, v, o, lse, scale,
-                                                   softcap, mask);
+                                                   &tc_fa2_forward_kernel<D, Softcap, T, OutT>, args);
 }
 
-template <class QV, class KV, class VV, class OV, class LV>
-void fa2_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                        float scale, float softcap, const KeyMask& mask) {
-  fa2_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+template <class Args>
+void fa2_forward_launch(const Kokkos::Cuda& space, const Args& args) {
+  fa2_head_dim_switch(static_cast<int>(args.q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (softcap > 0.f)
-      fa2_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
+    if (args.softcap > 0.f)
+      fa2_forward_launch_d<D, true>(space, args);
     else
-      fa2_forward_launch_d<D, false>(space, q, k, v, o, lse, scale, softcap, mask);
+      fa2_forward_launch_d<D, false>(space, args);
   });
 }
 #endif

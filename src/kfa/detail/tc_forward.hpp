@@ -38,8 +38,13 @@ struct TcForwardShape {
 };
 
 #if KFA_HAS_TENSOR_CORES
-template <int D, class QV, class KV, class VV, class OV, class LV>
+template <int D, class Args>
 struct TcForwardKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using OV = typename Args::o_type;
+  using LV = typename Args::lse_type;
   using T = typename QV::non_const_value_type;
   using OutT = typename OV::non_const_value_type;  // T, or float for the ring layer's partials
   using Shape = TcForwardShape<D>;
@@ -58,11 +63,10 @@ struct TcForwardKernel {
   float scale, softcap;
   KeyMask mask;
 
-  TcForwardKernel(const QV& q_, const KV& k_, const VV& v_, const OV& o_, const LV& lse_, float scale_,
-                  float softcap_, const KeyMask& mask_)
-      : q(q_), k(k_), v(v_), o(o_), lse(lse_), seq_q(static_cast<int>(q_.extent(1))),
-        heads_q(static_cast<int>(q_.extent(2))), group(static_cast<int>(q_.extent(2) / k_.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(scale_), softcap(softcap_), mask(mask_) {}
+  explicit TcForwardKernel(const Args& a)
+      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse), seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ), scale(a.scale), softcap(a.softcap), mask(a.mask) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if KFA_TC_DEVICE

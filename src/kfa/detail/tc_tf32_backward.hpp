@@ -399,33 +399,24 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
 /// The fp32 tensor-core backward of head dim D: dK/dV (parts != dq), then dQ (parts != dkdv). Arguments as
 /// tc_backward_launch_d; the plan checked tf32_backward_why_not. Every output row is written (zero where no
 /// query sees a key, or no key a query).
-template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV,
-          class DVV>
-void tf32_backward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
-                            const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale,
-                            float softcap, const KeyMask& mask, BackwardParts parts) {
-  static_assert(std::is_same<typename QV::non_const_value_type, float>::value &&
-                    std::is_same<typename DQV::non_const_value_type, float>::value &&
-                    std::is_same<typename LV::non_const_value_type, float>::value &&
-                    std::is_same<typename DD::non_const_value_type, float>::value,
+template <int D, bool Softcap, class Args>
+void tf32_backward_launch_d(const Kokkos::Cuda& space, const Args& args, BackwardParts parts) {
+  static_assert(std::is_same<typename Args::T, float>::value &&
+                    std::is_same<typename Args::dq_type::non_const_value_type, float>::value &&
+                    std::is_same<typename Args::lse_type::non_const_value_type, float>::value &&
+                    std::is_same<typename Args::d_type::non_const_value_type, float>::value,
                 "the 3xTF32 backward takes float");
   using S = Tf32BackwardShape<D>;
   const int dq_warps = tf32_dq_warps<D>(native_smem_max(space));
   Tf32BackwardArgs a;
-  const long q_league = a.set_qkv(q, k, v, 16 * dq_warps, scale, mask);
-  a.d_o = reinterpret_cast<const std::uint16_t*>(d_o.data());
-  a.lse = lse.data();
-  a.dd = dd.data();
-  a.dq = dq.data();
-  a.dk = dk.data();
-  a.dv = dv.data();
-  strides3(d_o, a.do_s), strides3(dq, a.dq_s), strides3(lse, a.l_s), strides3(dd, a.d_s);
-  strides3(dk, a.dk_s), strides3(dv, a.dv_s);
-  a.pc = TcRecomputeConsts(scale, softcap);
-  a.seq_k = static_cast<int>(k.extent(1));
-  a.heads_kv = static_cast<int>(k.extent(2));
+  const long q_league = set_dq_args(a, args, 16 * dq_warps);
+  a.dk = args.dk.data();
+  a.dv = args.dv.data();
+  strides3(args.dk, a.dk_s), strides3(args.dv, a.dv_s);
+  a.seq_k = static_cast<int>(args.k.extent(1));
+  a.heads_kv = static_cast<int>(args.k.extent(2));
   a.n_kblocks = (a.seq_k + S::dkdv_block_k - 1) / S::dkdv_block_k;
-  const long k_league = static_cast<long>(k.extent(0)) * a.heads_kv * a.n_kblocks;
+  const long k_league = static_cast<long>(args.k.extent(0)) * a.heads_kv * a.n_kblocks;
   if (k_league > 0 && parts != BackwardParts::dq)
     native_launch(space, "kfa::attention_backward::dkdv[tensor_core_tf32x3]", &tc_tf32_dkdv_kernel<D, Softcap>,
                   k_league, dim3(32 * S::warps), S::dkdv_scratch, 1, a);
@@ -439,16 +430,14 @@ void tf32_backward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k,
   }
 }
 
-template <class QV, class KV, class VV, class DOV, class LV, class DD, class DQV, class DKV, class DVV>
-void tf32_backward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
-                          const LV& lse, const DD& dd, const DQV& dq, const DKV& dk, const DVV& dv, float scale,
-                          float softcap, const KeyMask& mask, BackwardParts parts) {
-  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+template <class Args>
+void tf32_backward_launch(const Kokkos::Cuda& space, const Args& args, BackwardParts parts) {
+  tc_head_dim_switch(static_cast<int>(args.q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (softcap > 0.f)
-      tf32_backward_launch_d<D, true>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, parts);
+    if (args.softcap > 0.f)
+      tf32_backward_launch_d<D, true>(space, args, parts);
     else
-      tf32_backward_launch_d<D, false>(space, q, k, v, d_o, lse, dd, dq, dk, dv, scale, softcap, mask, parts);
+      tf32_backward_launch_d<D, false>(space, args, parts);
   });
 }
 #endif  // KFA_HAS_TENSOR_CORES

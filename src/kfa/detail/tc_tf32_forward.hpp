@@ -327,27 +327,24 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
 #endif  // KFA_HAS_TENSOR_CORES
 
 #if KFA_HAS_TENSOR_CORES
-template <int D, bool Softcap, class QV, class KV, class VV, class OV, class LV>
-void tf32_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                           float scale, float softcap, const KeyMask& mask) {
-  static_assert(std::is_same<typename QV::non_const_value_type, float>::value &&
-                    std::is_same<typename OV::non_const_value_type, float>::value &&
-                    std::is_same<typename LV::non_const_value_type, float>::value,
+template <int D, bool Softcap, class Args>
+void tf32_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
+  static_assert(std::is_same<typename Args::T, float>::value &&
+                    std::is_same<typename Args::o_type::non_const_value_type, float>::value &&
+                    std::is_same<typename Args::lse_type::non_const_value_type, float>::value,
                 "the 3xTF32 forward takes float");
   native_forward_launch<Tf32ForwardShape<D>, float>(space, "kfa::attention_forward[tensor_core_tf32x3]",
-                                                     &tc_tf32_forward_kernel<D, Softcap>, q, k, v, o, lse, scale,
-                                                     softcap, mask);
+                                                     &tc_tf32_forward_kernel<D, Softcap>, args);
 }
 
-template <class QV, class KV, class VV, class OV, class LV>
-void tf32_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
-                         float scale, float softcap, const KeyMask& mask) {
-  tc_head_dim_switch(static_cast<int>(q.extent(3)), [&](auto dc) {
+template <class Args>
+void tf32_forward_launch(const Kokkos::Cuda& space, const Args& args) {
+  tc_head_dim_switch(static_cast<int>(args.q.extent(3)), [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (softcap > 0.f)
-      tf32_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
+    if (args.softcap > 0.f)
+      tf32_forward_launch_d<D, true>(space, args);
     else
-      tf32_forward_launch_d<D, false>(space, q, k, v, o, lse, scale, softcap, mask);
+      tf32_forward_launch_d<D, false>(space, args);
   });
 }
 #endif

@@ -122,9 +122,16 @@ struct WgmmaBackwardShape {
 #if KFA_HAS_TENSOR_CORES
 /// Tma: the tiles come by TMA (tma holds the descriptors), else by cp.async. A template parameter, not a
 /// flag: both paths in one body cost the d = 128 softcap instance 4 bytes of spill at 255 registers.
-template <int D, bool Softcap, bool Tma, class QV, class KV, class VV, class DOV, class LV, class DV, class DKV,
-          class DVV>
+template <int D, bool Softcap, bool Tma, class Args>
 struct TcWgmmaDkDvKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DKV = typename Args::dk_type;
+  using DVV = typename Args::dv_type;
   using T = typename QV::non_const_value_type;
   using Shape = WgmmaBackwardShape<D>;
   static constexpr int WARPS = Shape::warps, BK = Shape::block_k, BQ = Shape::block_q, NTH = 32 * WARPS;
@@ -145,12 +152,12 @@ struct TcWgmmaDkDvKernel {
   KeyMask mask;
   TmaMaps tma;  // Tma: q, dO (boxes of BQ rows), k, v (BK rows), made by set_tma
 
-  TcWgmmaDkDvKernel(const QV& q_, const KV& k_, const VV& v_, const DOV& do_, const LV& lse_, const DV& dd_,
-                    const DKV& dk_, const DVV& dv_, float scale_, float softcap_, const KeyMask& mask_)
-      : q(q_), k(k_), v(v_), d_o(do_), lse(lse_), dd(dd_), dk(dk_), dv(dv_), seq_q(static_cast<int>(q_.extent(1))),
-        seq_k(static_cast<int>(k_.extent(1))), heads_kv(static_cast<int>(k_.extent(2))),
-        group(static_cast<int>(q_.extent(2) / k_.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(scale_),
-        pc(scale_, softcap_), mask(mask_) {}
+  explicit TcWgmmaDkDvKernel(const Args& a)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv),
+        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(a.scale),
+        pc(a.scale, a.softcap), mask(a.mask) {}
 
   /// Makes the TMA descriptors (the host, before the launch); false where the driver cannot (then the
   /// kernel with Tma = false runs).
@@ -820,23 +827,24 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 
 /// dq = scale · Σ_key dS·K for every query row, with the wgmma dQ kernel (the plan checked
 /// wgmma_backward_problem).
-template <int D, bool Softcap, class QV, class KV, class VV, class DOV, class LV, class DDV, class DQV>
-void wgmma_dq_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse,
-                       const DDV& dd, const DQV& dq, float scale, float softcap, const KeyMask& mask) {
-  using T = typename QV::non_const_value_type;
-  using OutT = typename DQV::non_const_value_type;
+template <int D, bool Softcap, class Args>
+void wgmma_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
+  using T = typename Args::T;
+  using OutT = typename Args::dq_type::non_const_value_type;
   using Shape = WgmmaDqRunShape<D>;
   if (KFA_WGMMA_DQ_WS != 0) {
     using WS = WgmmaWsDqShape<D>;
     WgmmaWsDqArgs<OutT> a;
-    const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, WS::block_q, scale, softcap, mask);
-    tma_maps_done(a.tma, tma_map_rows(a.tma, 0, q, WS::block_q) && tma_map_rows(a.tma, 1, d_o, WS::block_q) &&
-                             tma_map_rows(a.tma, 2, k, WS::block_k) && tma_map_rows(a.tma, 3, v, WS::block_k));
+    const long league = set_dq_args(a, args, WS::block_q);
+    tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, WS::block_q) &&
+                             tma_map_rows(a.tma, 1, args.d_o, WS::block_q) &&
+                             tma_map_rows(a.tma, 2, args.k, WS::block_k) &&
+                             tma_map_rows(a.tma, 3, args.v, WS::block_k));
     native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma,ws]",
                   &tc_wgmma_ws_dq_kernel<D, Softcap, T, OutT>, league, dim3(32 * WS::warps), WS::smem, 1, a);
   } else {
     Fa2DqArgs<OutT> a;
-    const long league = set_dq_args(a, q, k, v, d_o, lse, dd, dq, Shape::block_q, scale, softcap, mask);
+    const long league = set_dq_args(a, args, Shape::block_q);
     native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma]", &tc_wgmma_dq_kernel<D, Softcap, T, OutT>,
                   league, dim3(32 * Shape::warps), Shape::smem, 1, a);
   }

@@ -821,39 +821,37 @@ std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
 }
 
 #if KFA_HAS_TENSOR_CORES
-template <int D, bool Softcap, class QV, class KV, class VV, class OV, class LV>
-void wgmma_forward_launch_d(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o,
-                            const LV& lse, float scale, float softcap, const KeyMask& mask) {
-  using T = typename QV::non_const_value_type;
-  using OutT = typename OV::non_const_value_type;
+template <int D, bool Softcap, class Args>
+void wgmma_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
+  using T = typename Args::T;
+  using OutT = typename Args::o_type::non_const_value_type;
   if constexpr (!Softcap) {
     if (wgmma_ws_forward(D, Softcap)) {
       using Shape = WgmmaWsForwardShape<D>;
       WgmmaWsForwardArgs<OutT> a;
-      const long league = set_forward_args(a, Shape::block_q, q, k, v, o, lse, scale, softcap, mask);
-      tma_maps_done(a.tma, tma_map_rows(a.tma, 0, q, Shape::block_q) && tma_map_rows(a.tma, 1, k, Shape::block_k) &&
-                               tma_map_rows(a.tma, 2, v, Shape::block_k));
+      const long league = set_forward_args(a, Shape::block_q, args);
+      tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, Shape::block_q) &&
+                               tma_map_rows(a.tma, 1, args.k, Shape::block_k) &&
+                               tma_map_rows(a.tma, 2, args.v, Shape::block_k));
       native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, T, OutT>,
                     league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
       return;
     }
   }
   native_forward_launch<WgmmaForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
-                                                     &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, q, k, v, o, lse,
-                                                     scale, softcap, mask);
+                                                     &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, args);
 }
 
-template <class QV, class KV, class VV, class OV, class LV>
-void wgmma_forward_launch(const Kokkos::Cuda& space, const QV& q, const KV& k, const VV& v, const OV& o,
-                          const LV& lse, float scale, float softcap, const KeyMask& mask) {
+template <class Args>
+void wgmma_forward_launch(const Kokkos::Cuda& space, const Args& args) {
   auto launch = [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (softcap > 0.f)
-      wgmma_forward_launch_d<D, true>(space, q, k, v, o, lse, scale, softcap, mask);
+    if (args.softcap > 0.f)
+      wgmma_forward_launch_d<D, true>(space, args);
     else
-      wgmma_forward_launch_d<D, false>(space, q, k, v, o, lse, scale, softcap, mask);
+      wgmma_forward_launch_d<D, false>(space, args);
   };
-  if (q.extent(3) == 64)
+  if (args.q.extent(3) == 64)
     launch(std::integral_constant<int, 64>{});
   else
     launch(std::integral_constant<int, 128>{});
