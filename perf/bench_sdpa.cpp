@@ -7,7 +7,10 @@
 //
 //   kfa_bench_sdpa --out DIR [--dtypes bf16,fp16,fp32] [--d 64,128] [--n 512,...,16384] [--causal 0,1]
 //                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32|tensor_core_tf32x3|tensor_core_wgmma]
-//                  [--no-backward] [--nondeterministic] [--seed S]
+//                  [--no-backward] [--nondeterministic] [--softcap C] [--seed S]
+//
+// --softcap C (AttentionOptions::softcap, kfa only: SDPA has none, so perf/sdpa_compare.py never passes it)
+// times kfa's softcap instances; their outputs are not comparable with sdpa_compare.py's reference.
 //
 // Prints one line per case: dtype d N causal batch heads path fwd_ms fwd_TFLOPs fwdbwd_ms fwdbwd_TFLOPs.
 // FLOPs: forward 4·B·H·N²·d (halved for causal), backward 2.5× forward (FlashAttention's convention).
@@ -70,6 +73,7 @@ struct Args {
   int tokens = 16384, hidden = 2048, reps = 20;
   bool backward = true, deterministic = true;
   std::uint64_t seed = 1000;
+  double softcap = 0;
   std::string out, path = "automatic";
 };
 
@@ -92,6 +96,7 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
         kfa::AttentionOptions opts;
         opts.causal = causal != 0;
         opts.deterministic = a.deterministic;
+        opts.softcap = a.softcap;
         for (kfa::TileProductPath p : all_paths)
           if (kfa::to_string(p) == a.path) opts.path = p;
         const double fwd_flops = 4.0 * batch * heads * double(n) * n * d * (causal ? 0.5 : 1.0);
@@ -119,7 +124,7 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
           });
         }
         std::printf("%s %d %d %d %d %d %s seed=%llu %.4f %.2f %.4f %.2f\n", dname.c_str(), d, n, causal, batch, heads,
-                    (a.path + (a.deterministic ? "" : "+nondet")).c_str(), static_cast<unsigned long long>(s0), tf * 1e3, fwd_flops / tf * 1e-12,
+                    (a.path + (a.deterministic ? "" : "+nondet") + (a.softcap > 0 ? "+softcap" : "")).c_str(), static_cast<unsigned long long>(s0), tf * 1e3, fwd_flops / tf * 1e-12,
                     tfb * 1e3, tfb > 0 ? 3.5 * fwd_flops / tfb * 1e-12 : 0.0);
         std::fflush(stdout);
       }
@@ -151,6 +156,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-backward", no_backward, "forward only");
   bool nondet = false;
   app.add_flag("--nondeterministic", nondet, "AttentionOptions::deterministic = false (atomic dQ where it exists)");
+  app.add_option("--softcap", a.softcap, "AttentionOptions::softcap (kfa only; 0 = none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "base seed of the counter hash")->check(integer(0, LLONG_MAX, "a non-negative integer"))
       ->capture_default_str();
   const int parsed = parse_command_line(app, argc, argv);
