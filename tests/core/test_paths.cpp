@@ -556,13 +556,17 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     fa2_path.deterministic = false;
     const kfa::BackwardPlan nbf = b.wgmma ? kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, fa2_path) : nb;
     EXPECT_TRUE(nbf.atomic_dq) << nbf.region;  // d = 128: atomic dQ pays against the FA2-layout kernels
-    // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where the device gives it its shared memory,
-    // else the 16-keys-per-warp kernel; the plan names the tiles of the one that runs
+    // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where the build uses it (KFA_TC_BWD_FA2) and
+    // the device gives it its shared memory, else the 16-keys-per-warp kernel; the plan names the tiles of
+    // the one that runs
     for (const kfa::BackwardPlan* pl : {&bf, &nbf}) {
       const bool fused = pl == &nbf;
       const bool fa2 = kfa::detail::tc_fa2_backward_runs(Exec(), d, fused);
-      EXPECT_EQ(fa2, kfa::detail::native_smem_max(Exec()) >= (fused ? kfa::detail::Fa2BackwardShape<d, true>::dkdv_scratch
-                                                                      : kfa::detail::Fa2BackwardShape<d, false>::dkdv_scratch));
+      const bool used =
+          fused ? kfa::detail::tc_fa2_backward_used<d, true>() : kfa::detail::tc_fa2_backward_used<d, false>();
+      EXPECT_EQ(fa2, used && kfa::detail::native_smem_max(Exec()) >=
+                                 (fused ? kfa::detail::Fa2BackwardShape<d, true>::dkdv_scratch
+                                        : kfa::detail::Fa2BackwardShape<d, false>::dkdv_scratch));
       EXPECT_EQ(pl->tiles.dkdv.block_k, fa2 ? 128 : 64) << pl->region;
       EXPECT_EQ(pl->tiles.dkdv.team_size, fa2 ? 256 : 128) << pl->region;
     }
