@@ -220,9 +220,10 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   const float* vbase = vg + b * a.v_s[0] + hk * a.v_s[2];
   const long kstride = a.k_s[1], vstride = a.v_s[1];
 
-  // Key positions are ints (tf32_space_problem checks seq_k < 2^31 - 256): with long ones in the softcap
-  // instances (as tc_fa2_forward_kernel has them) d = 128 spilled 4 B on sm_80/86/89 (ptxas, CUDA 13.0).
-  using Pos = int;
+  // Key positions: long in the softcap instances below d = 128, else int (tf32_space_problem checks seq_k <
+  // 2^31 - 256). Long at d = 128 spilled 4 B on sm_80/86/89 (ptxas, CUDA 13.0); int there is also 1% faster
+  // on the H200, while at d = 64 long is 1-2% faster (fp32, softcap 30, N 4096/16384; perf/RESULTS.md).
+  using Pos = typename std::conditional<Softcap && D < 128, long, int>::type;
   const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
   const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
   auto load_kv = [&](Pos j0, int stage) {
