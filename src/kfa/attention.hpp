@@ -1,14 +1,13 @@
 #pragma once
 /// Public attention API: exact softmax(scale·q·kᵀ + mask)·v without ever storing the seq_q × seq_k matrix.
-#include <kfa/detail/backward_kernel.hpp>
-#include <kfa/detail/canonical.hpp>
-#include <kfa/detail/checks.hpp>
-#include <kfa/detail/forward_kernel.hpp>
-#include <kfa/detail/kernel_args.hpp>
-#include <kfa/detail/ranges.hpp>
-#include <kfa/detail/tc_dispatch.hpp>
+#include <kfa/detail/common/canonical.hpp>
+#include <kfa/detail/common/checks.hpp>
+#include <kfa/detail/common/kernel_args.hpp>
+#include <kfa/detail/common/ranges.hpp>
+#include <kfa/detail/dispatch.hpp>
 #include <kfa/options.hpp>
 #include <kfa/paths.hpp>
+#include <kfa/plan.hpp>
 #include <kfa/tiling.hpp>
 
 #include <algorithm>
@@ -125,13 +124,6 @@ TileConfig forward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
                                              static_cast<long>(q.extent(0) * q.extent(2)), opts);
 }
 
-/// What a forward call runs: the kernel family (never automatic or tensor_core: what they resolved to),
-/// its tiles and the name of the Kokkos profiling region it runs in.
-struct ForwardPlan {
-  TileProductPath family;
-  TileConfig tiles;
-  std::string region;
-};
 
 namespace detail {
 /// What a forward family looks at to decide whether it can run a call, size its tiles and launch it.
@@ -175,191 +167,9 @@ forward_call(const char* fn, const ExecSpace& space, const QV& q, const KV& k, c
   return {fn, space, q, k, v, o, opts};
 }
 
-/// The forward's kernel families, in the order `automatic` tries them. Each one says why it cannot run a
-/// call ("" when it can), its tiles, and launches it; `tensor_core` marks the ones opts.path = tensor_core may
-/// pick (the 16-bit tensor-core families).
-struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (tc_wgmma_forward.hpp)
-  static constexpr TileProductPath path = TileProductPath::tensor_core_wgmma;
-  static constexpr bool tensor_core = true;
-  template <class C>
-  static std::string why_not(const C& c) {
-    const std::string why = c.tc_problem(false);  // wgmma_forward_why_not may probe the device: asked last
-    return why.empty() ? wgmma_forward_why_not(c.space, c.d, c.seq_k, c.opts) : why;
-  }
-  template <class C>
-  static TileConfig tiles(const C& c) {
-    return wgmma_forward_tiles(c.d, c.opts.softcap > 0, native_smem_max(c.space));
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const TileConfig&) {
-#if KFA_HAS_TENSOR_CORES
-    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      wgmma_forward_launch(c.space, args);
-#endif
-    (void)c, (void)args;
-  }
-};
-struct Fa2ForwardFamily {  // sm_80+: mma.sync in FlashAttention-2's layout, native launch (tc_fa2_forward.hpp)
-  static constexpr TileProductPath path = TileProductPath::tensor_core_fa2;
-  static constexpr bool tensor_core = true;
-  template <class C>
-  static std::string why_not(const C& c) {
-    const std::string why = c.tc_problem(true);  // the FA2-layout kernels also have d = 256
-    return why.empty() ? fa2_forward_why_not(c.space, c.d, c.seq_k, c.opts) : why;
-  }
-  template <class C>
-  static TileConfig tiles(const C& c) {
-    return fa2_forward_tiles(c.d, native_smem_max(c.space));
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const TileConfig&) {
-#if KFA_HAS_TENSOR_CORES
-    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      fa2_forward_launch(c.space, args);
-#endif
-    (void)c, (void)args;
-  }
-};
-struct TeamForwardFamily {  // sm_80+: mma.sync, a Kokkos team per 64 query rows (tc_forward.hpp)
-  static constexpr TileProductPath path = TileProductPath::tensor_core_team;
-  static constexpr bool tensor_core = true;
-  template <class C>
-  static std::string why_not(const C& c) {
-    const std::string why = c.tc_problem(false);
-    return why.empty() ? tc_block_problem(c.opts, TcForwardShape<64>::block_q, TcForwardShape<64>::block_k, "forward")
-                       : why;
-  }
-  template <class C>
-  static TileConfig tiles(const C& c) {
-    using ExecSpace = typename C::exec_space;
-    return tc_forward_tiles(c.d, static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>()));
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const TileConfig&) {
-    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      tc_forward_launch(c.space, args);
-    (void)c, (void)args;
-  }
-};
-struct Tf32ForwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_forward.hpp)
-  static constexpr TileProductPath path = TileProductPath::tensor_core_tf32x3;
-  static constexpr bool tensor_core = false;
-  template <class C>
-  static std::string why_not(const C& c) {
-    return tf32_forward_why_not(c.space, c.q, c.k, c.v, c.o, c.opts);
-  }
-  template <class C>
-  static TileConfig tiles(const C& c) {
-    return tf32_forward_tiles(c.d, native_smem_max(c.space));
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const TileConfig&) {
-#if KFA_HAS_TENSOR_CORES
-    if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value &&
-                  std::is_same<typename C::T, float>::value)
-      tf32_forward_launch(c.space, args);
-#endif
-    (void)c, (void)args;
-  }
-};
-struct SimtForwardFamily {  // float on CUDA: FMA tiles in registers (simt_forward.hpp)
-  static constexpr TileProductPath path = TileProductPath::simt_fp32;
-  static constexpr bool tensor_core = false;
-  template <class C>
-  static std::string why_not(const C& c) {
-    using ExecSpace = typename C::exec_space;
-    return simt_forward_why_not<ExecSpace>(c.q, c.k, c.v, c.o, c.opts);
-  }
-  template <class C>
-  static TileConfig tiles(const C& c) {
-    using ExecSpace = typename C::exec_space;
-    const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-    return c.d == 64 ? simt_forward_tiles<64>(l0_max) : simt_forward_tiles<128>(l0_max);
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const TileConfig&) {
-    if (c.d == 64)
-      simt_forward_launch_d<64>(c.space, args);
-    else
-      simt_forward_launch_d<128>(c.space, args);
-  }
-};
-struct PortableForwardFamily {  // every backend and element type: Kokkos team kernel (forward_kernel.hpp)
-  static constexpr TileProductPath path = TileProductPath::portable;
-  static constexpr bool tensor_core = false;
-  template <class C>
-  static std::string why_not(const C&) {
-    return "";
-  }
-  template <class C>
-  static TileConfig tiles(const C& c) {
-    using ExecSpace = typename C::exec_space;
-    const TileConfig t = forward_tile_config(c.space, c.q, c.k, c.opts);
-    const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-    if (c.opts.block_q > 0 && t.scratch_l1 > l1_max)
-      fail(c.fn, ": opts.block_q = ", c.opts.block_q, " needs ", t.scratch_l1,
-           " B of level-1 scratch, more than the backend's ", l1_max);
-    return t;
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const TileConfig& tiles) {
-    using ExecSpace = typename C::exec_space;
-    using Kernel = ForwardKernel<ExecSpace, A>;
-    const Kernel kernel(args, tiles);
-    const int league = checked_league(c.fn, "batch * heads_q * query blocks",
-                                      static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) *
-                                          kernel.n_qblocks);
-    Kokkos::TeamPolicy<ExecSpace> policy(c.space, league, tiles.team_size);
-    policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0))
-        .set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
-    Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
-  }
-};
-using ForwardFamilies = std::tuple<WgmmaForwardFamily, Fa2ForwardFamily, TeamForwardFamily, Tf32ForwardFamily,
-                                   SimtForwardFamily, PortableForwardFamily>;
 
-/// f(family) for each family type of the tuple Families, in order.
-template <class Families, class F>
-void for_each_family(F&& f) {
-  std::apply([&](auto... family) { (f(family), ...); }, Families{});
-}
 
-/// The one place a family is chosen: Families in order, each saying why it cannot run the call ("" when it
-/// can). `asked` = automatic takes the first that can, tensor_core the first tensor-core one, a named family
-/// that one; where none of those asked for can run, the error names opts.path (`shown`) and each one's reason.
-template <class Families, class Call>
-TileProductPath choose_family(const char* fn, const Call& c, TileProductPath asked, TileProductPath shown) {
-  using P = TileProductPath;
-  P chosen = P::automatic;
-  int candidates = 0;
-  std::string reasons, last_why;
-  for_each_family<Families>([&](auto family) {
-    using F = decltype(family);
-    if (chosen != P::automatic) return;
-    if (!(asked == F::path || asked == P::automatic || (asked == P::tensor_core && F::tensor_core))) return;
-    ++candidates;
-    std::string why = F::why_not(c);
-    if (why.empty()) {
-      chosen = F::path;
-    } else {
-      reasons += (reasons.empty() ? "" : "; ") + to_string(F::path) + ": " + why;
-      last_why = std::move(why);
-    }
-  });
-  if (chosen == P::automatic) {
-    if (candidates == 1) fail(fn, ": opts.path = ", to_string(shown), " but ", last_why);
-    fail(fn, ": opts.path = ", to_string(shown), " but no family it names can run these inputs (", reasons, ")");
-  }
-  return chosen;
-}
 
-/// f(family) for the family whose path is `path`.
-template <class Families, class F>
-void with_family(TileProductPath path, F&& f) {
-  for_each_family<Families>([&](auto family) {
-    if (decltype(family)::path == path) f(family);
-  });
-}
 
 template <class Call>
 ForwardPlan forward_plan(const char* fn, const Call& c) {
@@ -432,20 +242,6 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, con
                                               static_cast<long>(k.extent(0) * k.extent(2)), opts);
 }
 
-/// What a backward call runs: tensor_core or portable, its tiles (dK/dV and dQ kernels) and the name of its
-/// Kokkos profiling region.
-struct BackwardPlan {
-  TileProductPath family;
-  BackwardTileConfig tiles;  ///< with atomic_dq only tiles.dkdv is used
-  std::string region;
-  /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
-  /// tensor-core family); otherwise a separate dQ kernel, bitwise reproducible.
-  bool atomic_dq = false;
-  /// dK, dV and dQ from the wgmma kernels (tensor-core family, deterministic, head dim 64 or 128, sm_90a on a
-  /// compute capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma); otherwise the
-  /// FA2-layout or the 16-keys-per-warp dK/dV kernel and the FA2-layout or TcDqKernel dQ kernel.
-  bool wgmma = false;
-};
 
 namespace detail {
 /// D[b, h, i] = Σ_c dO ∘ O over the rows of o, in the accumulation type (the backward's row term).
@@ -506,155 +302,6 @@ backward_call(const char* fn, const ExecSpace& space, const QV& q, const KV& k, 
   return {fn, space, q, k, v, d_o, dq, dk, dv, opts};
 }
 
-/// The backward's kernel families, in the order `automatic` tries them (see the forward's). Each one says why
-/// it cannot run a call, fills a plan's tiles (the tensor-core family also its kernels) and launches it.
-struct TensorCoreBackwardFamily {  // 16-bit, sm_80+: wgmma (sm_90a), FA2-layout or team dK/dV and dQ kernels
-  static constexpr TileProductPath path = TileProductPath::tensor_core;
-  static constexpr bool tensor_core = true;
-  /// Which kernels it would run and why it cannot ("" when it can).
-  struct Kernels {
-    std::string why;
-    bool fused = false;   ///< atomic dQ inside the dK/dV kernel (opts.deterministic = false, where it pays)
-    bool fa2 = false;     ///< the FA2-layout dK/dV kernel (else the team one)
-    bool fa2_dq = false;  ///< the FA2-layout dQ kernel
-    bool wgmma = false;   ///< the wgmma dK/dV and dQ kernels (in place of the three above)
-  };
-  template <class C>
-  static Kernels kernels(const C& c) {
-    using P = TileProductPath;
-    using ExecSpace = typename C::exec_space;
-    Kernels kn;
-    const int d = c.d;
-    // opts.path = tensor_core_fa2 or tensor_core_team keeps the FA2-layout or team kernels
-    const bool wgmma_allowed = c.opts.path != P::tensor_core_fa2 && c.opts.path != P::tensor_core_team;
-    kn.fused = !c.opts.deterministic && tc_atomic_dq_pays(c.space, d, wgmma_allowed);  // atomic dQ where faster
-    kn.why = tc_space_problem<ExecSpace, typename C::T>(c.space, d, true);  // d = 256: the FA2-layout kernels only
-    if (kn.why.empty()) kn.why = tc_backward_problem(c.space, d, kn.fused);
-    if (kn.why.empty()) {
-      kn.fa2 = tc_fa2_backward_runs(c.space, d, kn.fused);
-      kn.fa2_dq = !kn.fused && fa2_dq_problem(c.space, d).empty();
-      const BackwardTileConfig t = tc_backward_tiles(d, 0, kn.fused, kn.fa2, kn.fa2_dq);
-      // one override serves both kernels only where they agree; the portable path honours any
-      kn.why = tc_block_problem(c.opts, t.dkdv.block_q, t.dkdv.block_k, "backward");
-      if (kn.why.empty() && !kn.fused) kn.why = tc_block_problem(c.opts, t.dq.block_q, t.dq.block_k, "backward");
-    }
-    tc_add_backward_view_problems(kn.why, c.q, c.k, c.v, c.d_o, c.dq, c.dk, c.dv);
-    // asked only where the tensor-core backward can run (it may probe the device)
-    kn.wgmma = kn.why.empty() && wgmma_allowed && wgmma_backward_why_not(c.space, d, kn.fused, c.opts).empty();
-    return kn;
-  }
-  template <class C>
-  static std::string why_not(const C& c) {
-    return kernels(c).why;
-  }
-  template <class C>
-  static void plan(const C& c, BackwardPlan& plan) {
-    const Kernels kn = kernels(c);
-    const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<typename C::exec_space>());
-    plan.atomic_dq = kn.fused;
-    plan.wgmma = kn.wgmma;
-    if (kn.wgmma) {
-      plan.tiles = wgmma_backward_tiles(c.d, native_smem_max(c.space));
-      return;
-    }
-    plan.tiles = tc_backward_tiles(c.d, l0_max, kn.fused, kn.fa2, kn.fa2_dq);
-    if (plan.tiles.dkdv.scratch_l0 > l0_max) plan.tiles.dkdv.scratch_l0_max = native_smem_max(c.space);  // native
-    if (kn.fa2_dq) plan.tiles.dq.scratch_l0_max = native_smem_max(c.space);
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const BackwardPlan& plan, BackwardParts parts) {
-    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      tc_backward_launch(c.space, args, !plan.atomic_dq, plan.wgmma, parts);
-    (void)c, (void)args, (void)plan, (void)parts;
-  }
-};
-struct Tf32BackwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (tc_tf32_backward.hpp)
-  static constexpr TileProductPath path = TileProductPath::tensor_core_tf32x3;
-  static constexpr bool tensor_core = false;
-  template <class C>
-  static std::string why_not(const C& c) {
-    return tf32_backward_why_not(c.space, c.q, c.k, c.v, c.d_o, c.dq, c.dk, c.dv, c.opts);
-  }
-  template <class C>
-  static void plan(const C& c, BackwardPlan& plan) {
-    plan.tiles = tf32_backward_tiles(c.d, native_smem_max(c.space));
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const BackwardPlan&, BackwardParts parts) {
-#if KFA_HAS_TENSOR_CORES
-    if constexpr (std::is_same<typename C::exec_space, Kokkos::Cuda>::value &&
-                  std::is_same<typename C::T, float>::value)
-      tf32_backward_launch(c.space, args, parts);
-#endif
-    (void)c, (void)args, (void)parts;
-  }
-};
-struct SimtBackwardFamily {  // float on CUDA: FMA tiles in registers (simt_backward.hpp)
-  static constexpr TileProductPath path = TileProductPath::simt_fp32;
-  static constexpr bool tensor_core = false;
-  template <class C>
-  static std::string why_not(const C& c) {
-    return simt_backward_why_not<typename C::exec_space>(c.q, c.k, c.v, c.d_o, c.dq, c.dk, c.dv, c.opts);
-  }
-  template <class C>
-  static void plan(const C& c, BackwardPlan& plan) {
-    const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<typename C::exec_space>());
-    plan.tiles = c.d == 64 ? simt_backward_tiles<64>(l0_max) : simt_backward_tiles<128>(l0_max);
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const BackwardPlan&, BackwardParts parts) {
-    if (c.d == 64)
-      simt_backward_launch_d<64>(c.space, args, parts);
-    else
-      simt_backward_launch_d<128>(c.space, args, parts);
-  }
-};
-struct PortableBackwardFamily {  // every backend and element type: Kokkos team kernels (backward_kernel.hpp)
-  static constexpr TileProductPath path = TileProductPath::portable;
-  static constexpr bool tensor_core = false;
-  template <class C>
-  static std::string why_not(const C&) {
-    return "";
-  }
-  template <class C>
-  static void plan(const C& c, BackwardPlan& plan) {
-    using ExecSpace = typename C::exec_space;
-    plan.tiles = backward_tile_config(c.space, c.q, c.k, c.opts);
-    const auto l1_max = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(1));
-    if (plan.tiles.dkdv.scratch_l1 > l1_max || plan.tiles.dq.scratch_l1 > l1_max)
-      fail(c.fn, ": tiles ", to_string(plan.tiles), " need ",
-           std::max(plan.tiles.dkdv.scratch_l1, plan.tiles.dq.scratch_l1),
-           " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
-  }
-  template <class C, class A>
-  static void launch(const C& c, const A& args, const BackwardPlan& plan, BackwardParts parts) {
-    using ExecSpace = typename C::exec_space;
-    const BackwardTileConfig& tiles = plan.tiles;
-    const long batch = static_cast<long>(c.q.extent(0));
-    if (c.k.extent(1) > 0 && parts != BackwardParts::dq) {
-      using K1 = DkDvKernel<ExecSpace, A>;
-      const K1 k1(args, tiles.dkdv);
-      const int league = checked_league(c.fn, "batch * heads_kv * key blocks",
-                                        batch * static_cast<long>(c.k.extent(2)) * k1.n_kblocks);
-      Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.dkdv.team_size);
-      p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
-          .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
-      Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
-    }
-    if (c.q.extent(1) > 0 && parts != BackwardParts::dkdv) {
-      using K2 = DqKernel<ExecSpace, A>;
-      const K2 k2(args, tiles.dq);
-      const int league = checked_league(c.fn, "batch * heads_q * query blocks",
-                                        batch * static_cast<long>(c.q.extent(2)) * k2.n_qblocks);
-      Kokkos::TeamPolicy<ExecSpace> p2(c.space, league, tiles.dq.team_size);
-      p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0))
-          .set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
-      Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
-    }
-  }
-};
-using BackwardFamilies =
-    std::tuple<TensorCoreBackwardFamily, Tf32BackwardFamily, SimtBackwardFamily, PortableBackwardFamily>;
 
 /// The backward's plan: one tensor-core family serves every 16-bit forward family (opts.path tensor_core_team,
 /// tensor_core_fa2 and tensor_core_wgmma name it; its kernels are the wgmma ones where those can run, except

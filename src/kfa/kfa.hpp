@@ -3,7 +3,7 @@
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
 #include <kfa/config.hpp>
-#include <kfa/detail/host_simd.hpp>  // kfa::host_isa(): the host vector ISA in use
+#include <kfa/detail/common/host_simd.hpp>  // kfa::host_isa(): the host vector ISA in use
 #include <kfa/error.hpp>
 #include <kfa/merge.hpp>
 #include <kfa/nonfinite.hpp>  // kfa::count_nonfinite; what NaN/Inf inputs produce

@@ -1,7 +1,7 @@
 #pragma once
 /// Merging attention partials computed over disjoint key sets (split-KV decoding, ring attention, a
 /// user's own sharding) with the combine rule of online_softmax.hpp.
-#include <kfa/detail/ranges.hpp>
+#include <kfa/detail/common/ranges.hpp>
 #include <kfa/error.hpp>
 #include <kfa/online_softmax.hpp>
 

@@ -20,7 +20,7 @@
 /// Callers that must not pass bad data on should scan inputs and outputs with count_nonfinite (an
 /// O(elements) pass on the tensor's own execution space) — kfa-longseq does, see --allow-nonfinite.
 #include <kfa/compat.hpp>
-#include <kfa/detail/ranges.hpp>
+#include <kfa/detail/common/ranges.hpp>
 #include <kfa/types.hpp>
 
 #include <cstddef>

@@ -8,7 +8,7 @@
 #endif
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
-#include <kfa/detail/mask.hpp>
+#include <kfa/detail/common/mask.hpp>
 #include <kfa/online_softmax.hpp>
 
 #include <KokkosBlas3_gemm.hpp>  // Kokkos Kernels: this is the one kfa header that needs it

@@ -6,7 +6,7 @@
 /// tile of the team's query block live in level-1 scratch, the larger per-team level. The key block is
 /// the largest that keeps the K and V tiles within 90 % of level 0; the query block trades reuse of each
 /// K/V tile (larger is better) against having enough teams to fill the machine.
-#include <kfa/detail/tile_products.hpp>
+#include <kfa/compat.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
 

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <Kokkos_Core.hpp>
-#include <kfa/detail/host_simd.hpp>
+#include <kfa/detail/common/host_simd.hpp>
 
 #include <cstdio>
 

@@ -1,6 +1,6 @@
 // The combine rule alone: exactness against a one-shot softmax, associativity, commutativity, the empty
 // state (−inf) as identity, fp32 partials, and the vectorizable exp used in the kernel's inner loop.
-#include <kfa/detail/fast_exp.hpp>
+#include <kfa/detail/common/fast_exp.hpp>
 
 #include <vector>
 

@@ -474,7 +474,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(b.tiles.dkdv.block_k, 128) << b.region;
       EXPECT_EQ(b.tiles.dkdv.team_size, 256) << b.region;
       EXPECT_EQ(b.tiles.dq.block_q, 128) << b.region;
-      EXPECT_EQ(b.tiles.dq.team_size, 32 * kfa::detail::WgmmaDqRunShape<d>::warps) << b.region;
+      EXPECT_EQ(b.tiles.dq.team_size, 32 * kfa::detail::WgmmaWsDqShape<d>::warps) << b.region;
     } else {
       std::printf("[ note ] the wgmma backward cannot run here: %s\n", wgmma_bwd_why.c_str());
     }
@@ -556,7 +556,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     fa2_path.deterministic = false;
     const kfa::BackwardPlan nbf = b.wgmma ? kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, fa2_path) : nb;
     EXPECT_TRUE(nbf.atomic_dq) << nbf.region;  // d = 128: atomic dQ pays against the FA2-layout kernels
-    // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where the build uses it (KFA_TC_BWD_FA2) and
+    // the FA2-layout dK/dV kernel (8 warps, 128 keys) exactly where tc_fa2_backward_used says so and
     // the device gives it its shared memory, else the 16-keys-per-warp kernel; the plan names the tiles of
     // the one that runs
     for (const kfa::BackwardPlan* pl : {&bf, &nbf}) {
@@ -567,6 +567,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(fa2, used && kfa::detail::native_smem_max(Exec()) >=
                                  (fused ? kfa::detail::Fa2BackwardShape<d, true>::dkdv_scratch
                                         : kfa::detail::Fa2BackwardShape<d, false>::dkdv_scratch));
+      EXPECT_EQ(pl->fa2_dkdv, fa2) << pl->region;  // the launch runs what the plan names
       EXPECT_EQ(pl->tiles.dkdv.block_k, fa2 ? 128 : 64) << pl->region;
       EXPECT_EQ(pl->tiles.dkdv.team_size, fa2 ? 256 : 128) << pl->region;
     }
@@ -574,6 +575,7 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     // 4 warps) exactly where the device gives it its shared memory, else TcDqKernel (64 rows)
     const bool fa2_dq = kfa::detail::fa2_dq_problem(Exec(), d).empty();
     EXPECT_EQ(fa2_dq, kfa::detail::native_smem_max(Exec()) >= kfa::detail::Fa2DqShape<d>::smem);
+    EXPECT_EQ(bf.fa2_dq, fa2_dq) << bf.region;
     EXPECT_EQ(bf.tiles.dq.block_q, fa2_dq ? 128 : 64) << bf.region;
     EXPECT_EQ(bf.tiles.dq.block_k, fa2_dq ? kfa::detail::Fa2DqShape<d>::block_k : 32) << bf.region;
     EXPECT_EQ(bf.tiles.dq.team_size, 128) << bf.region;
@@ -612,7 +614,7 @@ TYPED_TEST(Paths, NondeterministicOptionLeavesPortableBitwiseEqual) {
   EXPECT_EQ(to_doubles4(a.dv), to_doubles4(b.dv));
 }
 
-// Canonical views (src/kfa/detail/canonical.hpp): a call's Views are converted to one of two View sets before a
+// Canonical views (src/kfa/detail/common/canonical.hpp): a call's Views are converted to one of two View sets before a
 // family is chosen, so const-ness, Device<> spellings, memory traits and layout mixes share the kernels'
 // instantiations (checked at compile time here), and each spelling computes bitwise what the LayoutRight
 // call does, forward and backward (automatic path).

@@ -6,9 +6,9 @@
 // On builds without Kokkos::Cuda only the host-side tile checks run.
 #include "../common/kfa_test.hpp"
 
-#include <kfa/detail/simt_backward.hpp>
-#include <kfa/detail/tc_dispatch.hpp>  // tf32_space_problem
-#include <kfa/detail/tc_tf32_backward.hpp>
+#include <kfa/detail/simt/backward.hpp>
+#include <kfa/detail/tc_tf32/family.hpp>  // tf32_space_problem
+#include <kfa/detail/tc_tf32/backward.hpp>
 
 #include <algorithm>
 #include <array>

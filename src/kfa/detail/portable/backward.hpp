@@ -1,0 +1,281 @@
+#pragma once
+/// portable/backward.hpp: the portable family's backward, Kokkos team kernels for every backend.
+/// FlashAttention-2 backward by recomputation. Three launches, no atomics, so results are bitwise
+/// reproducible:
+///   1. D = rowsum(dO ∘ O) per query row;
+///   2. one team per (batch, kv head, key block): for every query head of the group (in order) and every
+///      visible query block, recompute S = Q·Kᵀ and P = exp(S − LSE), then dV += Pᵀ·dO, dP = dO·Vᵀ,
+///      dS = P ∘ (dP − D), dK += dSᵀ·Q — dK and dV stay in the team until written once;
+///   3. one team per (batch, query head, query block): the same recomputation over the visible key blocks,
+///      dQ += dS·K. (FA2 folds this into launch 2 with atomics; we pay two extra tile products for
+///      determinism.)
+/// Q is pre-scaled, so dK = dSᵀ·(scale·Q) and dQ = scale·dS·K. With softcap, dS picks up 1 − tanh².
+/// A row whose LSE is −inf saw no key: its P row is 0, so it contributes nothing.
+#include <kfa/detail/common/fast_exp.hpp>
+#include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/common/recompute.hpp>
+#include <kfa/detail/common/ranges.hpp>
+#include <kfa/detail/portable/tile_products.hpp>
+#include <kfa/online_softmax.hpp>
+#include <kfa/tiling.hpp>
+#include <kfa/types.hpp>
+
+#include <cstdint>
+
+namespace kfa {
+namespace detail {
+
+
+template <class ExecSpace, class Args>
+struct DkDvKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DKV = typename Args::dk_type;
+  using DVV = typename Args::dv_type;
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
+  QV q;
+  KV k;
+  VV v;
+  DOV d_o;
+  LV lse;
+  DV dd;
+  DKV dk;
+  DVV dv;
+  int seq_q, seq_k, heads_kv, head_dim, group, bq, bk, n_kblocks;
+  Acc scale, softcap;
+  KeyMask mask;
+  BackwardScratchLayout lay;
+
+  DkDvKernel(const Args& a, const TileConfig& t)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv),
+        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))), head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), bq(t.block_q), bk(t.block_k),
+        n_kblocks((seq_k + t.block_k - 1) / t.block_k), scale(a.scale), softcap(a.softcap), mask(a.mask),
+        lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    const int lr = team.league_rank();
+    const int kb = lr % n_kblocks;
+    const int hk = (lr / n_kblocks) % heads_kv;
+    const int b = lr / (n_kblocks * heads_kv);
+    const int d = head_dim;
+    const int j0 = kb * bk;
+    const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
+
+    ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
+    ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
+    Acc* const qs = buf0.data() + lay.a;    // [bq][d] scale·Q
+    Acc* const dos = buf0.data() + lay.b;   // [bq][d] dO
+    Acc* const kt = buf1.data() + lay.ta;   // [d][bk] Kᵀ
+    Acc* const vt = buf1.data() + lay.tb;   // [d][bk] Vᵀ
+    Acc* const dka = buf1.data() + lay.acc_a;  // [bk][d]
+    Acc* const dva = buf1.data() + lay.acc_b;  // [bk][d]
+    Acc* const s = buf1.data() + lay.s;     // [bq][bk] S, then P
+    Acc* const dp = buf1.data() + lay.dp;   // [bq][bk] dP, then dS
+    Acc* const lrow = buf1.data() + lay.lse;
+    Acc* const drow = buf1.data() + lay.dd;
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
+      const bool in = j < cols;
+      for (int c = 0; c < d; ++c) kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
+      for (int c = 0; c < d; ++c) vt[c * bk + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
+      for (int c = 0; c < d; ++c) dka[j * d + c] = dva[j * d + c] = Acc(0);
+    });
+
+    const long i_begin = mask.query_begin(j0);
+    const long i_end = mask.query_end(j0 + cols, seq_q);
+    for (int g = 0; g < group; ++g) {
+      const int h = hk * group + g;
+      for (long i0 = i_begin; i0 < i_end; i0 += bq) {
+        const int rows = (i_end - i0) < bq ? static_cast<int>(i_end - i0) : bq;
+        team.team_barrier();  // previous step's products are done with qs, dos, s, dp
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+          const bool in = r < rows;
+          for (int c = 0; c < d; ++c) qs[r * d + c] = in ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
+          for (int c = 0; c < d; ++c) dos[r * d + c] = in ? static_cast<Acc>(d_o(b, i0 + r, h, c)) : Acc(0);
+          lrow[r] = in ? recompute_lse(lse(b, h, i0 + r)) : compat::infinity<Acc>();
+          drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
+        });
+        team.team_barrier();
+        team_gemm<ExecSpace>(team, bq, bk, d, qs, d, 1, kt, bk, s, bk, false);    // S = Q·Kᵀ
+        team_gemm<ExecSpace>(team, bq, bk, d, dos, d, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
+        team.team_barrier();
+        const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+          with_host_isa([&](auto isa) KFA_SIMD_BODY {
+            score_to_ds(isa, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+          });
+        });
+        team.team_barrier();
+        team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dos, d, dva, d, true);  // dV += Pᵀ·dO
+        team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qs, d, dka, d, true);  // dK += dSᵀ·(scale·Q)
+      }
+    }
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](const int j) {
+      for (int c = 0; c < d; ++c) dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c]);
+      for (int c = 0; c < d; ++c) dv(b, j0 + j, hk, c) = static_cast<typename DVV::non_const_value_type>(dva[j * d + c]);
+    });
+  }
+
+  /// One query row of a tile: S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
+  template <class Tag>
+  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0, int cols,
+                                          bool need_mask) const {
+    if (softcap > Acc(0)) {
+      const Acc inv = Acc(1) / softcap;
+      for (int j = 0; j < bk; ++j) {
+        const Acc t = compat::tanh(srow[j] * inv);
+        const bool vis = j < cols && (!need_mask || mask.visible(i, j0 + j));
+        const Acc p = vis ? fast_exp(softcap * t - l) : Acc(0);
+        srow[j] = p;
+        dprow[j] = p * (dprow[j] - dval) * (Acc(1) - t * t);
+      }
+      return;
+    }
+    if (need_mask) {
+      for (int j = 0; j < bk; ++j) {
+        const bool vis = j < cols && mask.visible(i, j0 + j);
+        srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
+      }
+    }
+    // The row as bk/8 groups of 8 lanes, so the lane loop vectorizes (tiles are multiples of 8).
+    constexpr int L = 8;
+    Acc lv[L], dv[L];
+    for (int x = 0; x < L; ++x) lv[x] = l, dv[x] = dval;
+    const int groups = bk / L;
+    lanes_p_ds<L>(isa, srow, dprow, L, groups, lv, dv);
+    for (int j = groups * L; j < bk; ++j) {
+      const Acc p = fast_exp(srow[j] - l);
+      srow[j] = p;
+      dprow[j] = p * (dprow[j] - dval);
+    }
+  }
+};
+
+template <class ExecSpace, class Args>
+struct DqKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using DOV = typename Args::do_type;
+  using LV = typename Args::lse_type;
+  using DV = typename Args::d_type;
+  using DQV = typename Args::dq_type;
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
+  QV q;
+  KV k;
+  VV v;
+  DOV d_o;
+  LV lse;
+  DV dd;
+  DQV dq;
+  int seq_q, heads_q, head_dim, group, bq, bk, n_qblocks;
+  Acc scale, softcap;
+  KeyMask mask;
+  BackwardScratchLayout lay;
+
+  DqKernel(const Args& a, const TileConfig& t)
+      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dq(a.dq), seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))), head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), bq(t.block_q), bk(t.block_k),
+        n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(a.scale), softcap(a.softcap), mask(a.mask),
+        lay(t.block_k, t.block_q, head_dim, sizeof(Acc)) {}
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    constexpr int W = MicroTileShape<ExecSpace>::lanes;
+    const int lr = team.league_rank();
+    const int qb = lr % n_qblocks;
+    const int h = (lr / n_qblocks) % heads_q;
+    const int b = lr / (n_qblocks * heads_q);
+    const int hk = h / group;
+    const int d = head_dim;
+    const int i0 = qb * bq;
+    const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
+
+    ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
+    ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
+    Acc* const ks = buf0.data() + lay.a;     // [bk][d]
+    Acc* const vs = buf0.data() + lay.b;     // [bk][d]
+    Acc* const qst = buf1.data() + lay.ta;   // [d][bq] (scale·Q)ᵀ
+    Acc* const dot = buf1.data() + lay.tb;   // [d][bq] dOᵀ
+    Acc* const dqa = buf1.data() + lay.acc_a;  // [bq][d]
+    Acc* const st = buf1.data() + lay.s;     // [bk][bq] Sᵀ, then Pᵀ
+    Acc* const dpt = buf1.data() + lay.dp;   // [bk][bq] dPᵀ, then dSᵀ
+    Acc* const lrow = buf1.data() + lay.lse;
+    Acc* const drow = buf1.data() + lay.dd;
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+      const bool in = r < rows;
+      for (int c = 0; c < d; ++c) qst[c * bq + r] = in ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
+      for (int c = 0; c < d; ++c) dot[c * bq + r] = in ? static_cast<Acc>(d_o(b, i0 + r, h, c)) : Acc(0);
+      for (int c = 0; c < d; ++c) dqa[r * d + c] = Acc(0);
+      lrow[r] = in ? recompute_lse(lse(b, h, i0 + r)) : compat::infinity<Acc>();
+      drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
+    });
+
+    const long j_begin = mask.key_begin(i0);
+    const long j_end = mask.key_end(i0 + rows);
+    for (long j0 = j_begin; j0 < j_end; j0 += bk) {
+      const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
+      team.team_barrier();
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
+        const bool in = j < cols;
+        for (int c = 0; c < d; ++c) ks[j * d + c] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
+        for (int c = 0; c < d; ++c) vs[j * d + c] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
+      });
+      team.team_barrier();
+      team_gemm<ExecSpace>(team, bk, bq, d, ks, d, 1, qst, bq, st, bq, false);   // Sᵀ = K·Qᵀ
+      team_gemm<ExecSpace>(team, bk, bq, d, vs, d, 1, dot, bq, dpt, bq, false);  // dPᵀ = V·dOᵀ
+      team.team_barrier();
+      const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+        with_host_isa([&](auto isa) KFA_SIMD_BODY {
+          // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
+          // branches so that it vectorizes across the W rows on host.
+          const int ib = chunk * W;
+          if (softcap > Acc(0)) {
+            const Acc inv = Acc(1) / softcap;
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) {
+                const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
+                const bool vis = j < cols && (!need_mask || mask.visible(i0 + ib + x, j0 + j));
+                const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
+                dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
+              }
+            return;
+          }
+          if (need_mask)
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) {
+                const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+                st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
+              }
+          lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);
+        });
+      });
+      team.team_barrier();
+      team_gemm<ExecSpace>(team, bq, d, bk, dpt, 1, bq, ks, d, dqa, d, true);  // dQ += dS·K (scale applied at the end)
+    }
+    team.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
+      for (int c = 0; c < d; ++c) dq(b, i0 + r, h, c) = static_cast<typename DQV::non_const_value_type>(dqa[r * d + c] * scale);
+    });
+  }
+};
+
+}  // namespace detail
+}  // namespace kfa

@@ -1,0 +1,155 @@
+#pragma once
+/// portable/forward.hpp: the portable family's forward, a Kokkos team kernel for every backend (the host
+/// backends' only forward).
+/// The FlashAttention-2 forward team kernel: one team per (batch, query head, query block). The team loads
+/// its Q tile once (pre-scaled), streams the visible K/V tiles through level-0 scratch, and for each tile
+/// computes Sᵀ = K·Qᵀ (transposed so every row-wise softmax step is element-wise over query rows, which
+/// vectorizes on host and is one row per thread on device), applies softcap and mask, merges the tile into
+/// the per-row (m, ℓ) with the shared combine rule, and accumulates O += P·V. O is normalized once at the end
+/// and written with its LSE.
+#include <kfa/detail/common/fast_exp.hpp>
+#include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/portable/tile_products.hpp>
+#include <kfa/online_softmax.hpp>
+#include <kfa/tiling.hpp>
+#include <kfa/types.hpp>
+
+namespace kfa {
+namespace detail {
+
+template <class ExecSpace, class Args>
+struct ForwardKernel {
+  using QV = typename Args::q_type;
+  using KV = typename Args::k_type;
+  using VV = typename Args::v_type;
+  using OV = typename Args::o_type;
+  using LV = typename Args::lse_type;
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  using OutT = typename OV::non_const_value_type;  // T, or Acc for the ring layer's partials
+  using policy_type = Kokkos::TeamPolicy<ExecSpace>;
+  using member_type = typename policy_type::member_type;
+  using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
+  QV q;
+  KV k;
+  VV v;
+  OV o;
+  LV lse;
+  int seq_q, heads_q, head_dim, group;
+  int bq, bk, n_qblocks;
+  Acc scale, softcap;
+  KeyMask mask;
+  ForwardScratchLayout lay;
+
+  ForwardKernel(const Args& a, const TileConfig& t)
+      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse),
+        seq_q(static_cast<int>(a.q.extent(1))), heads_q(static_cast<int>(a.q.extent(2))),
+        head_dim(static_cast<int>(a.q.extent(3))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        bq(t.block_q), bk(t.block_k), n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(a.scale),
+        softcap(a.softcap), mask(a.mask), lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
+
+  KOKKOS_FUNCTION void operator()(const member_type& team) const {
+    constexpr int W = MicroTileShape<ExecSpace>::lanes;  // query rows per element-wise step
+    const Acc ninf = -compat::infinity<Acc>();
+    const int lr = team.league_rank();
+    const int qb = lr % n_qblocks;
+    const int h = (lr / n_qblocks) % heads_q;
+    const int b = lr / (n_qblocks * heads_q);
+    const int hk = h / group;
+    const int d = head_dim;
+    const int i0 = qb * bq;
+    const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
+
+    ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
+    ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
+    Acc* const kt = buf0.data() + lay.k;  // [bk][d]
+    Acc* const vt = buf0.data() + lay.v;  // [bk][d]
+    Acc* const qt = buf1.data() + lay.qt;  // [d][bq]: Q tile transposed and pre-scaled
+    Acc* const ot = buf1.data() + lay.o;   // [bq][d]: unnormalized O
+    Acc* const st = buf1.data() + lay.s;   // [bk][bq]: scores, then probabilities, transposed
+    Acc* const mrow = buf1.data() + lay.m;
+    Acc* const lrow = buf1.data() + lay.l;
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+      for (int c = 0; c < d; ++c) qt[c * bq + r] = r < rows ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
+      for (int c = 0; c < d; ++c) ot[r * d + c] = Acc(0);
+      const SoftmaxState<Acc> s0 = SoftmaxState<Acc>::empty();
+      mrow[r] = s0.m;
+      lrow[r] = s0.l;
+    });
+
+    const long j_begin = mask.key_begin(i0);
+    const long j_end = mask.key_end(i0 + rows);
+    for (long j0 = j_begin; j0 < j_end; j0 += bk) {
+      const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
+      team.team_barrier();  // the previous tile's P·V is done with kt/vt
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
+        Acc* krow = kt + j * d;
+        Acc* vrow = vt + j * d;
+        if (j < cols) {
+          for (int c = 0; c < d; ++c) krow[c] = static_cast<Acc>(k(b, j0 + j, hk, c));
+          for (int c = 0; c < d; ++c) vrow[c] = static_cast<Acc>(v(b, j0 + j, hk, c));
+        } else {
+          for (int c = 0; c < d; ++c) krow[c] = vrow[c] = Acc(0);
+        }
+      });
+      team.team_barrier();
+      // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
+      team_gemm<ExecSpace>(team, bk, bq, d, kt, d, 1, qt, bq, st, bq, false);
+      team.team_barrier();
+
+      const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+        with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (common/host_simd.hpp)
+          const int ib = chunk * W;
+          if (softcap > Acc(0)) {
+            const Acc inv = Acc(1) / softcap;
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
+          }
+          if (need_mask) {
+            for (int j = 0; j < bk; ++j)
+              for (int x = 0; x < W; ++x) {
+                const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+                st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
+              }
+          }
+          Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
+          for (int x = 0; x < W; ++x) tmax[x] = ninf;
+          lanes_max<W>(isa, st + ib, bq, bk, tmax);
+          // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
+          // directly at the merged maximum, so their factor is 1.
+          for (int x = 0; x < W; ++x) {
+            const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
+            mnew[x] = f.m;
+            mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
+            scale_old[x] = f.scale_a;
+            sum[x] = Acc(0);
+          }
+          lanes_exp_sum<W>(isa, st + ib, bq, bk, mexp, sum);
+          for (int x = 0; x < W; ++x) {
+            mrow[ib + x] = mnew[x];
+            lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
+            if (scale_old[x] != Acc(1))
+              for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
+          }
+        });
+      });
+      team.team_barrier();
+      // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
+      team_gemm<ExecSpace>(team, bq, d, bk, st, 1, bq, vt, d, ot, d, true);
+    }
+    team.team_barrier();
+
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
+      const Acc l = lrow[r];
+      const Acc inv = l == Acc(0) ? Acc(0) : Acc(1) / l;  // NaN ℓ stays NaN in o
+      for (int c = 0; c < d; ++c) o(b, i0 + r, h, c) = static_cast<OutT>(ot[r * d + c] * inv);
+      lse(b, h, i0 + r) = SoftmaxState<Acc>{mrow[r], lrow[r]}.lse();
+    });
+  }
+};
+
+}  // namespace detail
+}  // namespace kfa

@@ -1,0 +1,217 @@
+#pragma once
+/// portable/tile_products.hpp: the portable family's tile products.
+/// C[m×n] = A[m×k]·B[k×n] (+ C) on tiles in team scratch, split over the team's threads
+/// as register-blocked micro-tiles. A is addressed through (row, column) strides so the same routine
+/// serves S = K·Qᵀ (A = the K tile, row-major) and O += P·V (A = Pᵀ as stored, i.e. column-major);
+/// B and C are row-major.
+///
+/// This is the customization point for tile products. On host backends the micro-tile is written with
+/// GCC/Clang vector extensions whose width is the ISA's register (common/host_simd.hpp: 64 bytes on AVX-512,
+/// 32 on AVX2, 16 on SSE2/NEON), with a register blocking per ISA, and the ISA is chosen at run time on x86-64;
+/// on device backends each thread owns a small scalar micro-tile. A vendor path (tensor cores on CUDA)
+/// plugs in beside these and is chosen by TileProductPath; the portable path always exists.
+#include <kfa/compat.hpp>
+#include <kfa/detail/common/host_simd.hpp>
+
+#include <type_traits>
+
+namespace kfa {
+namespace detail {
+
+/// Register-block shape per backend for the scalar micro-tiles: GPU threads are many and register-poor,
+/// so 2 × 4 scalars each (host SIMD blocking: HostBlocking below). `lanes` is the width of the kernel's
+/// element-wise loops over query rows (vectorized on host, one row per thread on device).
+template <class ExecSpace>
+struct MicroTileShape {
+  static constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  static constexpr int rows = host ? 8 : 2;
+  static constexpr int lanes = host ? 8 : 1;
+};
+
+/// One RI×RJ block of C = A·B (+C), scalar code (device threads, and any shape on host).
+template <int RI, int RJ, class Acc>
+KOKKOS_INLINE_FUNCTION void micro_tile_scalar(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c,
+                                              int ldc, int kdim, bool accumulate) {
+  Acc acc[RI][RJ];
+  for (int r = 0; r < RI; ++r)
+    for (int j = 0; j < RJ; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : Acc(0);
+  for (int kk = 0; kk < kdim; ++kk) {
+    const Acc* brow = b + static_cast<long>(kk) * ldb;
+    for (int r = 0; r < RI; ++r) {
+      const Acc av = a[r * a_rs + kk * a_cs];
+      for (int j = 0; j < RJ; ++j) acc[r][j] += av * brow[j];
+    }
+  }
+  for (int r = 0; r < RI; ++r)
+    for (int j = 0; j < RJ; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+/// Walks the (m/RI)·(n/RJ) micro-tiles of C over the team's threads, calling f(i0, j0) for each.
+template <int RI, int RJ, class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_gemm_tiles(const Member& team, int m, int n, const F& f) {
+  const int tiles_j = n / RJ;
+  const int tiles = (m / RI) * tiles_j;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, tiles),
+                       [&](const int t) { f((t / tiles_j) * RI, (t % tiles_j) * RJ); });
+}
+
+/// C = A·B (+C) in scalar RI×RJ micro-tiles (device threads; host shapes the SIMD blocking cannot take).
+template <int RI, int RJ, class Member, class Acc>
+KOKKOS_INLINE_FUNCTION void team_gemm_fixed(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs,
+                                            long a_cs, const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+  team_gemm_tiles<RI, RJ>(team, m, n, [&](int i0, int j0) {
+    micro_tile_scalar<RI, RJ>(a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc, kdim, accumulate);
+  });
+}
+
+#if KFA_HOST_VECTOR_EXT
+/// A VB-byte vector of Acc (VB = 16, 32 or 64); the unaligned, may-alias variant is how compilers' own
+/// intrinsics load. Used only inside functions compiled for an ISA whose registers are VB bytes wide.
+template <int VB, class Acc>
+struct Simd {
+  typedef Acc type __attribute__((vector_size(VB)));
+  typedef Acc unaligned __attribute__((vector_size(VB), aligned(alignof(Acc)), __may_alias__));
+  static constexpr int width = VB / static_cast<int>(sizeof(Acc));
+};
+
+/// One RI × (NV·width) block of C = A·B (+C) held in NV·RI vector registers. Always inlined into the
+/// ISA-specific wrappers below, which decide the instructions.
+template <int RI, int NV, int VB, class Acc>
+__attribute__((always_inline)) inline void micro_tile_simd(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb,
+                                                           Acc* c, int ldc, int kdim, bool accumulate) {
+  using V = typename Simd<VB, Acc>::type;
+  using U = typename Simd<VB, Acc>::unaligned;
+  constexpr int W = Simd<VB, Acc>::width;
+  V acc[RI][NV];
+  for (int r = 0; r < RI; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? V(*reinterpret_cast<const U*>(c + r * ldc + v * W)) : V{};
+  for (int kk = 0; kk < kdim; ++kk) {
+    const Acc* brow = b + static_cast<long>(kk) * ldb;
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = *reinterpret_cast<const U*>(brow + v * W);
+#if defined(__x86_64__)
+      // Keep B in a register: with Zen tuning (-march=znver*) GCC otherwise folds this load into every
+      // row's FMA, RI loads instead of one, and the AVX2 micro-tile runs 1.5x slower (measured, GCC 12).
+      __asm__("" : "+v"(bv[v]));
+#endif
+    }
+    const Acc* acol = a + kk * a_cs;
+    for (int r = 0; r < RI; ++r) {
+      const Acc av = acol[r * a_rs];
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+  for (int r = 0; r < RI; ++r)
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<U*>(c + r * ldc + v * W) = acc[r][v];
+}
+
+/// Register blocking per ISA: rows × vectors of the micro-tile, chosen so that the RI·NV accumulators, the
+/// NV B vectors and one broadcast fit the register file (32 zmm on AVX-512; 16 ymm/xmm on AVX2, SSE2, NEON).
+template <HostIsa Isa>
+struct HostBlocking {
+  static constexpr int rows = Isa == HostIsa::avx512 ? 8 : 4;
+  static constexpr int vectors = 2;
+  static constexpr int bytes = isa_vector_bytes(Isa);
+};
+
+/// The micro-tile compiled for each ISA: baseline-width code is plain; wider ISAs get a function-level
+/// target and are reached only through host_isa() (run-time dispatch), never inlined into baseline code.
+template <HostIsa Isa, int RI, int NV, class Acc>
+struct MicroTile {
+  __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c,
+                                            int ldc, int kdim, bool accumulate) {
+    micro_tile_simd<RI, NV, isa_vector_bytes(Isa)>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
+  }
+};
+#if KFA_HOST_DISPATCH
+template <int RI, int NV, class Acc>
+struct MicroTile<HostIsa::avx2, RI, NV, Acc> {
+  KFA_TARGET_AVX2 __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb,
+                                                            Acc* c, int ldc, int kdim, bool accumulate) {
+    micro_tile_simd<RI, NV, 32>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
+  }
+};
+template <int RI, int NV, class Acc>
+struct MicroTile<HostIsa::avx512, RI, NV, Acc> {
+  KFA_TARGET_AVX512 __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b,
+                                                              int ldb, Acc* c, int ldc, int kdim, bool accumulate) {
+    micro_tile_simd<RI, NV, 64>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
+  }
+};
+#endif
+
+/// Whether this translation unit has `Isa`'s micro-tiles: at or below the compiled baseline, or a dispatch
+/// target.
+constexpr bool host_isa_available(HostIsa isa) {
+  return isa != HostIsa::scalar &&
+         (static_cast<int>(isa) <= static_cast<int>(compiled_host_isa) || KFA_HOST_DISPATCH);
+}
+
+/// C = A·B (+C) split over the team's threads with `Isa`'s vectors and blocking; false when the shape does
+/// not fit (m not a multiple of the block rows, n not a multiple of one vector): the caller falls back.
+template <HostIsa Isa, class Member, class Acc>
+inline bool team_gemm_host(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs, long a_cs,
+                           const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+  using Blk = HostBlocking<Isa>;
+  constexpr int RI = Blk::rows;
+  constexpr int NV = Blk::vectors;
+  constexpr int W = Blk::bytes / static_cast<int>(sizeof(Acc));
+  if (m % RI != 0) return false;
+  if (n % (NV * W) == 0) {
+    team_gemm_tiles<RI, NV * W>(team, m, n, [&](int i0, int j0) {
+      MicroTile<Isa, RI, NV, Acc>::run(a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc, kdim,
+                                       accumulate);
+    });
+    return true;
+  }
+  if (n % W == 0) {
+    team_gemm_tiles<RI, W>(team, m, n, [&](int i0, int j0) {
+      MicroTile<Isa, RI, 1, Acc>::run(a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc, kdim, accumulate);
+    });
+    return true;
+  }
+  return false;
+}
+#endif
+
+/// C[m×n] = A[m×k]·B[k×n] (+ C when `accumulate`); A(r, kk) = a[r·a_rs + kk·a_cs]; B, C row-major with
+/// leading dimensions ldb, ldc. Requires n % 4 == 0 (head_dim and the tiles are multiples of 4); m of any
+/// size, fastest when a multiple of the ISA's block rows. No barrier inside. On host the vector ISA is
+/// host_isa(), read once per call.
+template <class ExecSpace, class Member, class Acc>
+KOKKOS_INLINE_FUNCTION void team_gemm(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs, long a_cs,
+                                      const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+  using Shape = MicroTileShape<ExecSpace>;
+#if KFA_HOST_VECTOR_EXT
+  if constexpr (Shape::host) {
+    bool done = false;
+    switch (host_isa()) {
+      case HostIsa::avx512:
+        if constexpr (host_isa_available(HostIsa::avx512))
+          done = team_gemm_host<HostIsa::avx512>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+        break;
+      case HostIsa::avx2:
+        if constexpr (host_isa_available(HostIsa::avx2))
+          done = team_gemm_host<HostIsa::avx2>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+        break;
+      case HostIsa::sse2:
+        if constexpr (host_isa_available(HostIsa::sse2))
+          done = team_gemm_host<HostIsa::sse2>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+        break;
+      case HostIsa::scalar: break;
+    }
+    if (done) return;
+    if (m % 4 == 0 && n % 8 == 0)
+      return team_gemm_fixed<4, 8>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  }
+#endif
+  constexpr int RI = Shape::rows;
+  if (m % RI != 0) return team_gemm_fixed<1, 4>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  team_gemm_fixed<RI, 4>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+}
+
+}  // namespace detail
+}  // namespace kfa

@@ -1,0 +1,104 @@
+#pragma once
+/// The Hopper family (sm_90a wgmma, TMA, warp specialization): why it cannot run an argument set, its tiles.
+#include <kfa/plan.hpp>
+#include <kfa/detail/cuda/problems.hpp>
+#include <kfa/detail/tc_wgmma/backward.hpp>
+#include <kfa/detail/tc_wgmma/forward.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace kfa {
+namespace detail {
+
+/// Why the wgmma forward cannot run these inputs ("" when it can); the device probe (wgmma_loaded) last.
+template <class ExecSpace>
+std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, const AttentionOptions& opts) {
+  if (seq_k > 2147483647L - 256)
+    return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
+  if (wgmma_head_dim_supported(d)) {
+    static_assert(WgmmaForwardShape<64>::block_q == 128 && WgmmaForwardShape<128>::block_q == 128 &&
+                      WgmmaWsForwardShape<64>::block_q == 128 && WgmmaWsForwardShape<128>::block_q == 128,
+                  "128 query rows per block in every wgmma forward");
+    const int block_k = wgmma_ws_forward(d, opts.softcap > 0) ? WgmmaWsForwardShape<128>::block_k
+                        : d == 64                             ? WgmmaForwardShape<64>::block_k
+                                                              : WgmmaForwardShape<128>::block_k;
+    const std::string why = tc_block_problem(opts, 128, block_k, "forward");
+    if (!why.empty()) return why;
+  }
+  return wgmma_forward_problem(space, d, opts.softcap > 0);
+}
+inline TileConfig wgmma_forward_tiles(int d, bool softcap, std::size_t smem_max) {
+  const bool ws = wgmma_ws_forward(d, softcap);
+  return d == 64 ? (ws ? native_forward_tiles<WgmmaWsForwardShape<64>>(smem_max)
+                       : native_forward_tiles<WgmmaForwardShape<64>>(smem_max))
+                 : (ws ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
+                       : native_forward_tiles<WgmmaForwardShape<128>>(smem_max));
+}
+
+/// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that
+/// the tensor-core backward can run them; the device probe (wgmma_loaded) last.
+template <class ExecSpace>
+std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, const AttentionOptions& opts) {
+  if (wgmma_head_dim_supported(d)) {
+    auto blocks = [&](auto dc) {
+      constexpr int D = decltype(dc)::value;
+      std::string why = tc_block_problem(opts, WgmmaBackwardShape<D>::block_q, WgmmaBackwardShape<D>::block_k,
+                                         "wgmma dK/dV kernel");
+      if (why.empty())
+        why = tc_block_problem(opts, WgmmaWsDqShape<D>::block_q, WgmmaWsDqShape<D>::block_k, "wgmma dQ kernel");
+      return why;
+    };
+    const std::string why = d == 64 ? blocks(std::integral_constant<int, 64>{}) : blocks(std::integral_constant<int, 128>{});
+    if (!why.empty()) return why;
+  }
+  return wgmma_backward_problem(space, d, fused);
+}
+
+/// The tiles of the wgmma backward kernels at head dim D (64 or 128).
+template <int D>
+BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
+  using S = WgmmaBackwardShape<D>;
+  using Q = WgmmaWsDqShape<D>;
+  BackwardTileConfig t;
+  t.dkdv.block_q = S::block_q;
+  t.dkdv.block_k = S::block_k;
+  t.dkdv.team_size = 32 * S::warps;
+  t.dkdv.scratch_l0 = S::smem;
+  t.dq.block_q = Q::block_q;
+  t.dq.block_k = Q::block_k;
+  t.dq.team_size = 32 * Q::warps;
+  t.dq.scratch_l0 = Q::smem;
+  t.dkdv.scratch_l0_max = t.dq.scratch_l0_max = smem_max;
+  return t;
+}
+inline BackwardTileConfig wgmma_backward_tiles(int d, std::size_t smem_max) {
+  return d == 64 ? wgmma_backward_tiles<64>(smem_max) : wgmma_backward_tiles<128>(smem_max);
+}
+
+struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (forward.hpp)
+  static constexpr TileProductPath path = TileProductPath::tensor_core_wgmma;
+  static constexpr bool tensor_core = true;
+  template <class C>
+  static std::string why_not(const C& c) {
+    const std::string why = c.tc_problem(false);  // wgmma_forward_why_not may probe the device: asked last
+    return why.empty() ? wgmma_forward_why_not(c.space, c.d, c.seq_k, c.opts) : why;
+  }
+  template <class C>
+  static TileConfig tiles(const C& c) {
+    return wgmma_forward_tiles(c.d, c.opts.softcap > 0, native_smem_max(c.space));
+  }
+  template <class C, class A>
+  static void launch(const C& c, const A& args, const TileConfig&) {
+#if KFA_HAS_TENSOR_CORES
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
+      wgmma_forward_launch(c.space, args);
+#endif
+    (void)c, (void)args;
+  }
+};
+}  // namespace detail
+}  // namespace kfa

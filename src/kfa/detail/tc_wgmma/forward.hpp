@@ -1,0 +1,819 @@
+#pragma once
+/// tc_wgmma/forward.hpp: the tc_wgmma family's forward kernels (two-warpgroup and warp-specialized) and the
+/// Hopper wgmma primitives (descriptors, wgmma and mbarrier wrappers, named barriers) its backward shares.
+/// The tensor-core forward on Hopper's warpgroup MMA (wgmma, sm_90a): the FA2-layout forward
+/// (tc_fa2/forward.hpp) with both products issued by a warpgroup of four warps as one asynchronous
+/// 64 × N × 16 instruction reading its operands straight from shared memory, instead of each warp's
+/// m16n8k16 mma.sync fed by ldmatrix.
+///
+/// Per block: two warpgroups (8 warps, 256 threads), BQ = 128 query rows, 64 per warpgroup and 16 per warp.
+/// - S = Q·Kᵀ: wgmma m64nBCk16, A = the warpgroup's 64 Q rows and B = the K tile, both from shared memory.
+/// - O += P·V: wgmma m64nDk16, A = P from registers (the accumulator of S converted to 16 bits in place: the
+///   fragment layouts agree, as with mma.sync), B = the V tile from shared memory, read transposed
+///   (V's rows are keys, the instruction's K dimension, with the head dim contiguous: "MN-major").
+/// - Shared tiles have no padding: rows of 64-element (128-byte) panels under the 128-byte swizzle that the
+///   instruction's descriptors name (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), so a
+///   d = 128 row is two panels. Q is loaded once; K and V tiles of BC keys are double-buffered with cp.async.
+/// - The scores' softcap, mask and online softmax (lazy rescaling, base 2) are those of the FA2-layout
+///   kernel, per warp on its 16 rows; the accumulators have the m16n8 C layout per warp.
+/// - Without softcap, tc_wgmma_ws_forward_kernel runs instead: the same two warpgroups plus a producer
+///   warpgroup that does all the loads, by TMA (cuda/tma.hpp; warp specialization; see its comment).
+///
+/// Needs the translation unit compiled for sm_90a too (`-gencode=arch=compute_90a,code=sm_90a`, which kfa's
+/// own build adds with KFA_ENABLE_SM90A); every other image has a trapping body. A binary may carry both an
+/// sm_90 and an sm_90a image and the CUDA runtime picks one per device, so the plan asks the device once
+/// which one it loaded (wgmma_loaded) and runs the FA2-layout kernel where it is not the sm_90a one.
+#include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
+#include <kfa/detail/cuda/tma.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+namespace kfa {
+namespace detail {
+
+/// Head dims of the wgmma forward: whole 64-element panels, and wgmma's n of O += P·V in {64, 128}.
+inline bool wgmma_head_dim_supported(int d) { return d == 64 || d == 128; }
+
+
+/// Tiles of the two-warpgroup kernel (the forward with softcap): keys per K/V tile (64 or 128: wgmma's n of
+/// S = Q·Kᵀ) and resident blocks per SM the registers are bounded for. d = 64: 64 keys and two blocks per SM
+/// (125-128 registers, 49 KB each) ran 1.24-1.30x the forward of 128 keys and one block (H200, bf16,
+/// N 4096/16384, kfa vs kfa in one run); d = 128 at two blocks (128 registers) spills 60-104 B with either
+/// tile. The kernel leaves O += P·V of tile j running while the next tile's loads land and its S = Q·Kᵀ is
+/// issued (its wait is the one of that S), and issues tile j + 1's loads once both warpgroups are past tile
+/// j - 1: 4.4-8.7% faster than waiting for every product where it is issued (H200, bf16, d 64/128,
+/// N 4096/16384, causal or not, kfa vs kfa in one run).
+template <int D>
+struct WgmmaForwardShape {
+  static constexpr int warps = 8;  // two warpgroups
+  static constexpr int min_blocks = D <= 64 ? 2 : 1;
+  static constexpr int block_q = 128;  // 64 rows per warpgroup
+  static constexpr int block_k = D <= 64 ? 64 : 128;
+  static_assert(D % 64 == 0 && (block_k == 64 || block_k == 128), "64-element panels; n of 64 or 128");
+  /// Q, two stages of K and V (16-bit, unpadded), and 1 KB to align the tiles to the swizzle's 1024-byte
+  /// period (d = 64: 49 KB, d = 128: 161 KB).
+  static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * D * 2 + 1024;
+};
+
+/// Tiles of the warp-specialized forward (no softcap; d = 64 and 128; tc_wgmma_ws_forward_kernel): warpgroups
+/// 0 and 1 compute 64 query rows each as in WgmmaForwardShape, warpgroup 2 only loads, into K/V stages of 128
+/// keys signalled by mbarriers; the two consumer warpgroups take turns issuing their products (named
+/// barriers), so one's softmax overlaps the other's tensor-core work, where the two-warpgroup kernel's
+/// per-tile __syncthreads keeps both warpgroups in step. d = 128: 3 stages (64 KB each, 225 KB in all, which
+/// every compute capability 9.0 device has) ran 1.41-1.52x the two-warpgroup kernel and 1.35-1.50x 2 stages
+/// (H200, bf16, N 4096-16384, causal or not, kfa vs kfa in one run); with 2 the producer can refill a stage
+/// only once O += P·V of its tile is done, one tile ahead. d = 64: 4 stages (145 KB, one block per SM) ran
+/// 1.03-1.12x the two-warpgroup kernel at two blocks per SM with 64-key tiles (same conditions).
+template <int D>
+struct WgmmaWsForwardShape {
+  static constexpr int warps = 12;
+  static constexpr int min_blocks = 1;
+  static constexpr int block_q = 128;
+  static constexpr int block_k = 128;
+  static constexpr int stages = D == 128 ? 3 : 4;
+  static_assert((D == 64 || D == 128) && stages >= 2, "d = 64 or 128; at least double-buffered");
+  static constexpr std::size_t tile_bytes = static_cast<std::size_t>(block_q + 2 * stages * block_k) * D * 2;
+  /// the tiles, 1 KB of alignment slack and the mbarriers (Q, then full and empty per stage)
+  static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
+};
+
+/// Whether the forward of head dim d (softcap or not) runs the warp-specialized kernel.
+inline bool wgmma_ws_forward(int d, bool softcap) {
+  return !softcap && (d == 128 || d == 64);
+}
+
+#if KFA_HAS_TENSOR_CORES
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KFA_WGMMA_DEVICE 1
+namespace tc {
+// Operand lists of the wgmma wrappers: the accumulator d[n/8][4] (the m16n8 C layout per warp) as
+// n/2 "+f" registers.
+#define KFA_WG_REGS_64 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
+#define KFA_WG_REGS_128 "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
+#define KFA_WG_OPS_64 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+  "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+  "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+  "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define KFA_WG_OPS_128_HI \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), \
+  "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), \
+  "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), \
+  "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), \
+  "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+// D = A·B (+ D where the scale_d operand is non-zero); A and B from shared memory (descriptors).
+#define KFA_WG_SS(N, TY, REGS, A, B, S)                                                               \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY \
+  " " REGS ", %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"
+// D += A·B with A from registers (a0..a3) and B from shared memory read transposed (MN-major).
+#define KFA_WG_RS(N, TY, REGS, A0, A1, A2, A3, B, S)                                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY \
+  " " REGS ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/// Orders this thread's generic-proxy writes to shared memory (cp.async, st.shared) before the async
+/// proxy's reads (wgmma's operands); then a barrier makes every thread's writes visible.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/// Pins an accumulator's registers after wgmma_wait_all: without it the compiler, which sees the wgmma
+/// asm produce them at issue, could move their readers above the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_hold(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+/// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
+/// K-major operands (rows of a panel along the instruction's K): the stride offset is the 1024 B between
+/// groups of 8 rows and the leading one is unused. MN-major (V): leading = between 64-element panels of
+/// the N dimension, stride = between groups of 8 rows (keys).
+__device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t addr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>(lbo >> 4) << 16) |
+         (static_cast<std::uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/// d (64 × N per warpgroup) = A·B, or += where scale_d ≠ 0.
+template <int N, class T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, int scale_d) {
+  constexpr bool bf = std::is_same<T, compat::bhalf_t>::value;
+  if constexpr (N == 64) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_SS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34")
+                   : KFA_WG_OPS_64 : "l"(a), "l"(b), "r"(scale_d));
+    else
+      asm volatile(KFA_WG_SS("64", "f16", KFA_WG_REGS_64, "32", "33", "34")
+                   : KFA_WG_OPS_64 : "l"(a), "l"(b), "r"(scale_d));
+  } else {
+    static_assert(N == 128, "n = 64 or 128");
+    if constexpr (bf)
+      asm volatile(KFA_WG_SS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI : "l"(a), "l"(b), "r"(scale_d));
+    else
+      asm volatile(KFA_WG_SS("128", "f16", KFA_WG_REGS_128, "64", "65", "66")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI : "l"(a), "l"(b), "r"(scale_d));
+  }
+}
+
+/// d (64 × N per warpgroup) += A·B, A = this warp's 16 × 16 fragment (the mma.sync A layout), B transposed.
+template <int N, class T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+  constexpr bool bf = std::is_same<T, compat::bhalf_t>::value;
+  const int one = 1;
+  if constexpr (N == 64) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_RS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
+                   : KFA_WG_OPS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+    else
+      asm volatile(KFA_WG_RS("64", "f16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
+                   : KFA_WG_OPS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+  } else {
+    static_assert(N == 128, "n = 64 or 128");
+    if constexpr (bf)
+      asm volatile(KFA_WG_RS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66", "67", "68", "69")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+    else
+      asm volatile(KFA_WG_RS("128", "f16", KFA_WG_REGS_128, "64", "65", "66", "67", "68", "69")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+  }
+}
+#undef KFA_WG_REGS_64
+#undef KFA_WG_REGS_128
+#undef KFA_WG_OPS_64
+#undef KFA_WG_OPS_128_HI
+#undef KFA_WG_SS
+#undef KFA_WG_RS
+
+/// Copies ROWS × D 16-bit elements (row r at src + r·stride) into 64-element panels of ROWS × 128 B under
+/// the 128-byte swizzle: chunk x of row r goes to panel x / 8, chunk (x mod 8) ^ (r mod 8); rows ≥ valid
+/// are zeroed. NT threads, each keeping one chunk column: rows per pass (NT / (D/8)) are a multiple of 8,
+/// so a thread's swizzled chunk is the same in every pass.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, const std::uint16_t* src, long stride, int valid,
+                                                int tid) {
+  constexpr int chunks = D / 8;
+  constexpr int dr = NT / chunks;
+  static_assert(NT % chunks == 0 && dr % 8 == 0 && ROWS % dr == 0, "whole passes of whole swizzle periods");
+  const int r0 = tid / chunks, x = tid % chunks;
+  const std::uint16_t* p = src + static_cast<long>(r0) * stride + x * 8;
+  const std::uint32_t d =
+      dst + static_cast<std::uint32_t>((x >> 3) * ROWS * 128 + r0 * 128 + (((x & 7) ^ (r0 & 7)) << 4));
+#pragma unroll
+  for (int it = 0; it < ROWS / dr; ++it) {
+    const int r = r0 + it * dr;
+    const bool ok = r < valid;
+    cp_async16(d + static_cast<std::uint32_t>(it * dr * 128), ok ? p : src, ok);
+    p += dr * stride;
+  }
+}
+
+/// mbarriers (shared memory, 8 bytes each) and named barriers for the warp-specialized kernel.
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/// Waits until the phase of parity `phase` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, unsigned phase) {
+  asm volatile(
+      "{\n.reg .pred p;\nKFA_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra KFA_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/// The barrier's arrival of this thread once all its earlier cp.async have landed (counted in its init).
+__device__ __forceinline__ void cp_async_mbar_arrive(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+/// The mbarriers of the warp-specialized kernels, 8 bytes each from `bars`: the block's resident tiles
+/// ("head"), then "full" and "empty" per stage.
+template <int ST>
+struct WsBarriers {
+  std::uint32_t bars;
+  __device__ std::uint32_t head() const { return bars; }
+  __device__ std::uint32_t full(int st) const { return bars + 8u * static_cast<std::uint32_t>(1 + st); }
+  __device__ std::uint32_t empty(int st) const { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); }
+  /// One thread: head and full complete after `loads` arrivals (1 with TMA: the issuing thread's, which also
+  /// announces the bytes; the producer's 128 threads with cp.async), empty after the 256 consumer threads'.
+  __device__ void init(unsigned loads) const {
+    mbar_init(head(), loads);
+    for (int st = 0; st < ST; ++st) mbar_init(full(st), loads), mbar_init(empty(st), 256);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+};
+
+/// The producer of the warp-specialized kernels: `head(bar)` loads the block's resident tiles onto the head
+/// barrier, then key tile t (j0 = j_begin + t·bc < j_end) goes to stage t mod ST once the consumers have
+/// released the stage's previous tile: `tile(stage, j0, the stage's full barrier)`. Run by the one thread that
+/// issues TMA copies, or by every producer thread with cp.async.
+template <int ST, class J, class Head, class Tile>
+__device__ __forceinline__ void ws_produce(const WsBarriers<ST>& w, J j_begin, J j_end, int bc, Head&& head,
+                                           Tile&& tile) {
+  head(w.head());
+  int st = 0;
+  unsigned use = 0;  // how many times stage st was filled before
+  for (J j0 = j_begin; j0 < j_end; j0 += bc) {
+    if (use > 0) mbar_wait(w.empty(st), (use - 1) & 1);
+    tile(st, j0, w.full(st));
+    if (++st == ST) st = 0, ++use;
+  }
+}
+template <int ID>
+__device__ __forceinline__ void named_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+template <int ID>
+__device__ __forceinline__ void named_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+/// Waits for the most recent wgmma group but `n` of this warpgroup.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+}  // namespace tc
+#else
+#define KFA_WGMMA_DEVICE 0
+#endif
+
+/// Writes 1 where the image of this translation unit's kernels that the device loaded is the sm_90a one
+/// (the wgmma kernels are real there), else 0.
+template <int Unused = 0>
+__global__ void wgmma_probe_kernel(int* out) {
+  *out = KFA_WGMMA_DEVICE;
+}
+
+template <int D, bool Softcap, class T, class OutT>
+__global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForwardShape<D>::min_blocks)
+    tc_wgmma_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
+#if KFA_WGMMA_DEVICE
+  using Shape = WgmmaForwardShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, NT = 32 * Shape::warps;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  const float ninf = -compat::infinity<float>();
+  const KeyMask& mask = a.mask;
+
+  // Tiles start at a multiple of 1024 B: the swizzle is a function of the address bits.
+  const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
+  const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
+  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+
+  const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+  const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+  const long kstride = a.k_s[1], vstride = a.v_s[1];
+  using Pos = typename std::conditional<Softcap, long, int>::type;
+  const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
+  const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
+  auto load_kv = [&](Pos j0, int stage) {
+    const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
+    const std::uint32_t kd = ks0 + stage * stage_bytes;
+    tc::load_tile_sw128<D, BC, NT>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
+    tc::load_tile_sw128<D, BC, NT>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
+  };
+  tc::load_tile_sw128<D, BQ, NT>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
+                                 rows, tid);
+  if (j_begin < j_end) load_kv(j_begin, 0);
+  tc::cp_async_commit();
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
+  const float c = a.scale * tc::log2e;
+  constexpr bool kLazyRescale = !Softcap;
+  constexpr float kStale = 8.f * 0.6931471805599453f;
+  const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
+
+  // Descriptor addresses: Q rows of this warpgroup; K-major steps of 16 elements advance 32 B inside a
+  // 128-byte panel row (the hardware applies the swizzle to the computed addresses), every 4 steps a panel.
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
+  float s[BC / 8][4];
+#pragma unroll
+  for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+
+  int stage = 0;
+  for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+    tc::cp_async_wait_all();  // tile j, issued during the previous tile (or with Q)
+    tc::fence_proxy_async();
+    __syncthreads();
+    const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
+
+    tc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
+    }
+    tc::wgmma_commit();
+    tc::wgmma_wait_all();  // S, and the previous tile's O += P·V
+    tc::wgmma_hold(s);
+    tc::wgmma_hold(acc);
+    __syncthreads();  // both warpgroups are done with the previous tile's stage: refill it with tile j + 1
+    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+    tc::cp_async_commit();
+
+    tc::softcap_and_mask_rows<BC, Softcap>(s, mask, i0, rows, j0, cols, wr0 + g, t4, cap_in, cap_out);
+    std::uint32_t pa[BC / 16][4];
+    {
+      float tmax[2] = {ninf, ninf};
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+      float tm[2];
+      bool grow = false;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float t = tc::quad_max(tmax[r]);
+        tm[r] = t == ninf ? ninf : t * a.scale;
+        grow |= tm[r] > m[r] + kStale;
+      }
+      if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const MergeFactors<float> f = merge_factors(m[r], tm[r]);
+          m[r] = f.m;
+          l[r] *= f.scale_a;
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            acc[n][2 * r] *= f.scale_a;
+            acc[n][2 * r + 1] *= f.scale_a;
+          }
+        }
+      }
+      float mc[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) {
+        const float p0 = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
+        const float p1 = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
+        const float p2 = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
+        const float p3 = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
+        pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
+      }
+    }
+
+    tc::wgmma_fence();  // acc was rescaled and pa written by ordinary instructions
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+    tc::wgmma_commit();
+  }
+  tc::wgmma_wait_all();
+  tc::wgmma_hold(acc);
+  tc::cp_async_wait_all();
+
+  OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
+  float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
+  float lsum[2], inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lsum[r] = tc::quad_sum(l[r]);
+    inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
+  }
+  const int r0 = wr0 + g, r1 = r0 + 8;
+  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
+                         r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
+  if (t4 == 0) {
+    if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
+    if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
+  }
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+}
+
+/// The warp-specialized forward's arguments: the forward's, and TMA descriptors of q, k and v (TmaMaps).
+template <class OutT>
+struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
+  TmaMaps tma;
+};
+
+/// The warp-specialized wgmma forward (FlashAttention-3's structure), no softcap (d = 64 and 128).
+/// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg) and loads Q and then every K/V tile
+///   into stage t mod STAGES, which completes the stage's "full" mbarrier; before refilling a stage it waits
+///   on its "empty" mbarrier (tc::ws_produce). With TMA descriptors (a.tma.on) one thread issues the whole
+///   tiles; else its 128 threads issue 16-byte cp.async, each arriving on the barrier when its copies land.
+/// - Warpgroups 0 and 1 compute as in tc_wgmma_forward_kernel (64 rows each), with no block-wide barrier:
+///   each waits on the stage's full barrier, issues S_t = Q·K_tᵀ and then O += P_{t-1}·V_{t-1} in its turn
+///   (named barriers 1 and 2 alternate the turns, so one warpgroup's softmax runs while the other's products
+///   do), waits for S_t, computes the softmax of tile t in place, waits for O += P_{t-1}·V_{t-1}, arrives on
+///   stage t - 1's empty barrier, rescales O and packs P_t.
+template <int D, class T, class OutT>
+__global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
+    tc_wgmma_ws_forward_kernel(const __grid_constant__ WgmmaWsForwardArgs<OutT> a) {
+#if KFA_WGMMA_DEVICE
+  using Shape = WgmmaWsForwardShape<D>;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  const float ninf = -compat::infinity<float>();
+  const KeyMask& mask = a.mask;
+
+  const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
+  const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
+  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+  const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
+  const bool tma = a.tma.on != 0;
+  if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
+  __syncthreads();  // the last block-wide barrier: the producer leaves early
+
+  const int j_begin = static_cast<int>(mask.key_begin(i0));  // seq_k < 2^31 - 256 (wgmma_forward_why_not)
+  const int j_end = static_cast<int>(mask.key_end(i0 + rows));
+
+  if (wg == 2) {  // the producer
+    tc::setmaxnreg_dec<24>();
+    const int tid = threadIdx.x - 256;
+    if (tma) {
+      if (tid == 0) {
+        for (int i = 0; i < 3; ++i) tc::tma_prefetch(a.tma, i);
+        tc::ws_produce<ST>(
+            bar, j_begin, j_end, BC,
+            [&](std::uint32_t full) {
+              tc::mbar_arrive_expect_tx(full, BQ * D * 2);
+              tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
+            },
+            [&](int st, int j0, std::uint32_t full) {
+              const std::uint32_t kd = ks0 + st * stage_bytes;
+              tc::mbar_arrive_expect_tx(full, stage_bytes);
+              tc::tma_rows<D, BC>(kd, a.tma, 1, j0, hk, b, full);
+              tc::tma_rows<D, BC>(kd + kv_bytes, a.tma, 2, j0, hk, b, full);
+            });
+      }
+      return;
+    }
+    const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
+    const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
+    const long kstride = a.k_s[1], vstride = a.v_s[1];
+    tc::ws_produce<ST>(
+        bar, j_begin, j_end, BC,
+        [&](std::uint32_t full) {
+          tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
+                                         a.q_s[1], rows, tid);
+          tc::cp_async_mbar_arrive(full);
+        },
+        [&](int st, int j0, std::uint32_t full) {
+          const int cols = j_end - j0 < BC ? j_end - j0 : BC;
+          const std::uint32_t kd = ks0 + st * stage_bytes;
+          tc::load_tile_sw128<D, BC, NP>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
+          tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols,
+                                         tid);
+          tc::cp_async_mbar_arrive(full);
+        });
+    tc::cp_async_wait_all();
+    return;
+  }
+
+  tc::setmaxnreg_inc<240>();
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
+  const float c = a.scale * tc::log2e;
+  constexpr bool kLazyRescale = true;
+  constexpr float kStale = 8.f * 0.6931471805599453f;
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
+  float s[BC / 8][4];
+  std::uint32_t pa[BC / 16][4];
+  // The softmax of tile t in place in s (softcap none, masks, running max, exponentials, row sums); returns
+  // whether O is to be rescaled, by f.
+  auto softmax = [&](int j0, float (&f)[2]) {
+    const int cols = j_end - j0 < BC ? j_end - j0 : BC;
+    tc::softcap_and_mask_rows<BC, false>(s, mask, i0, rows, j0, cols, wr0 + g, t4, 0.f, 0.f);
+    float tmax[2] = {ninf, ninf};
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+    float tm[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float t = tc::quad_max(tmax[r]);
+      tm[r] = t == ninf ? ninf : t * a.scale;
+      grow |= tm[r] > m[r] + kStale;
+    }
+    const bool rescale = !kLazyRescale || __any_sync(0xffffffffu, grow);
+    if (rescale) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const MergeFactors<float> mf = merge_factors(m[r], tm[r]);
+        m[r] = mf.m;
+        l[r] *= mf.scale_a;
+        f[r] = mf.scale_a;
+      }
+    }
+    float mc[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      s[n][0] = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
+      s[n][1] = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
+      s[n][2] = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
+      s[n][3] = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
+      l[0] += s[n][0] + s[n][1];
+      l[1] += s[n][2] + s[n][3];
+    }
+    return rescale;
+  };
+  // O *= f where the softmax asked, then P packed to the A fragments of O += P·V.
+  auto rescale_and_pack = [&](bool rescale, const float (&f)[2]) {
+    if (rescale) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        acc[n][0] *= f[0];
+        acc[n][1] *= f[0];
+        acc[n][2] *= f[1];
+        acc[n][3] *= f[1];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(s[n][0], s[n][1]);
+      pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(s[n][2], s[n][3]);
+    }
+  };
+  // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ from it.
+  auto issue_s = [&](int st, unsigned use) {
+    tc::mbar_wait(bar.full(st), use & 1);
+    tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
+    const std::uint32_t kst = ks0 + st * stage_bytes;
+    if (wg == 0)
+      tc::named_sync<1>(256);
+    else
+      tc::named_sync<2>(256);
+    tc::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
+                          tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
+    }
+    tc::wgmma_commit();
+  };
+  auto issue_pv = [&](int st) {
+    const std::uint32_t vst = ks0 + st * stage_bytes + kv_bytes;
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk)
+      tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+    tc::wgmma_commit();
+  };
+  auto hand_over = [&] {  // the other warpgroup's turn
+    if (wg == 0)
+      tc::named_arrive<2>(256);
+    else
+      tc::named_arrive<1>(256);
+  };
+
+  tc::mbar_wait(bar.head(), 0);
+  if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
+  if (j_begin < j_end) {
+    issue_s(0, 0);
+    hand_over();
+    tc::wgmma_wait<0>();
+    tc::wgmma_hold(s);
+    float f0[2] = {1.f, 1.f};
+    rescale_and_pack(softmax(j_begin, f0), f0);
+    int prev = 0, st = 1;  // tile t is in stage t mod ST, its (t / ST)-th use
+    unsigned use = 0;
+    for (int j0 = j_begin + BC; j0 < j_end; j0 += BC) {
+      issue_s(st, use);
+      issue_pv(prev);
+      hand_over();
+      tc::wgmma_wait<1>();  // S_t; O += P_{t-1}·V_{t-1} may still run
+      tc::wgmma_hold(s);
+      float f[2] = {1.f, 1.f};
+      const bool rescale = softmax(j0, f);
+      tc::wgmma_wait<0>();  // O += P_{t-1}·V_{t-1}: its stage is free, acc and pa may be written
+      tc::wgmma_hold(acc);
+      tc::mbar_arrive(bar.empty(prev));
+      rescale_and_pack(rescale, f);
+      prev = st;
+      if (++st == ST) st = 0, ++use;
+    }
+    tc::wgmma_fence();
+    issue_pv(prev);
+    tc::wgmma_wait<0>();
+    tc::wgmma_hold(acc);
+  }
+  if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
+
+  OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
+  float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
+  float lsum[2], inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lsum[r] = tc::quad_sum(l[r]);
+    inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
+  }
+  const int r0 = wr0 + g, r1 = r0 + 8;
+  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
+                         r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
+  if (t4 == 0) {
+    if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
+    if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
+  }
+#else
+  (void)a;
+#if defined(__CUDA_ARCH__)
+  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
+#endif
+#endif
+}
+
+/// Whether the device of `space` runs this build's sm_90a image of kfa's kernels: a build for sm_90 and
+/// sm_90a carries both images and the CUDA runtime picks one per device, so this launches a probe once
+/// per device (synchronizing `space` that once) and remembers the answer.
+inline bool wgmma_loaded(const Kokkos::Cuda& space) {
+  static std::mutex mu;
+  static signed char known[256] = {};  // per device: 0 not asked yet, 1 sm_90a, -1 not
+  const int dev = space.cuda_device();
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 0 || dev >= 256) return false;
+  if (known[dev] == 0) {
+    Kokkos::View<int, Kokkos::CudaSpace> flag(Kokkos::view_alloc(space, "kfa::wgmma_probe"));
+    wgmma_probe_kernel<><<<1, 1, 0, space.cuda_stream()>>>(flag.data());
+    int got = 0;
+    if (cudaGetLastError() == cudaSuccess) {
+      const auto host = Kokkos::create_mirror_view(flag);
+      Kokkos::deep_copy(space, host, flag);
+      space.fence("kfa::wgmma_probe");
+      got = host();
+    }
+    known[dev] = got == 1 ? 1 : -1;
+  }
+  return known[dev] == 1;
+}
+#endif  // KFA_HAS_TENSOR_CORES
+
+/// Whether ExecSpace is one the wgmma kernels are compiled for (Kokkos::Cuda in a tensor-core build).
+template <class ExecSpace>
+constexpr bool wgmma_space() {
+#if KFA_HAS_TENSOR_CORES
+  return std::is_same<ExecSpace, Kokkos::Cuda>::value;
+#else
+  return false;
+#endif
+}
+
+/// Why a wgmma kernel needing `smem` bytes of shared memory per block cannot run on this space's device
+/// ("" when it can): Kokkos::Cuda on a compute capability 9.0 device, the shared memory, and the device
+/// running sm_90a code (the probe last); `kernel` names it in the message.
+template <class ExecSpace>
+std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const char* kernel) {
+#if KFA_HAS_TENSOR_CORES
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    const cudaDeviceProp& prop = space.cuda_device_prop();
+    if (prop.major != 9 || prop.minor != 0)
+      return "wgmma needs a compute capability 9.0 device (sm_90a code), this one is " + std::to_string(prop.major) +
+             "." + std::to_string(prop.minor);
+    std::string why = native_smem_problem(space, smem, kernel);
+    if (why.empty() && !wgmma_loaded(space))
+      why = "the device runs no sm_90a image of kfa's kernels (compile with -gencode=arch=compute_90a,code=sm_90a "
+            "too; kfa's own build: KFA_ENABLE_SM90A)";
+    return why;
+  }
+#endif
+  (void)space, (void)smem, (void)kernel;
+  return "it is a Kokkos::Cuda kernel for sm_90a";
+}
+
+/// Why the wgmma forward cannot run head dim d (with softcap or not) on this space's device ("" when it can):
+/// head dim 64 or 128, then wgmma_device_problem.
+template <class ExecSpace>
+std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
+  if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
+  if (!wgmma_head_dim_supported(d))
+    return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
+  const std::size_t smem = d == 64 ? (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<64>::smem
+                                                                   : WgmmaForwardShape<64>::smem)
+                                   : (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem
+                                                                   : WgmmaForwardShape<128>::smem);
+  return wgmma_device_problem(space, smem, "the wgmma forward");
+}
+
+#if KFA_HAS_TENSOR_CORES
+template <int D, bool Softcap, class Args>
+void wgmma_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
+  using T = typename Args::T;
+  using OutT = typename Args::o_type::non_const_value_type;
+  if constexpr (!Softcap) {
+    if (wgmma_ws_forward(D, Softcap)) {
+      using Shape = WgmmaWsForwardShape<D>;
+      WgmmaWsForwardArgs<OutT> a;
+      const long league = set_forward_args(a, Shape::block_q, args);
+      tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, Shape::block_q) &&
+                               tma_map_rows(a.tma, 1, args.k, Shape::block_k) &&
+                               tma_map_rows(a.tma, 2, args.v, Shape::block_k));
+      native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, T, OutT>,
+                    league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
+      return;
+    }
+  }
+  native_forward_launch<WgmmaForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
+                                                     &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, args);
+}
+
+template <class Args>
+void wgmma_forward_launch(const Kokkos::Cuda& space, const Args& args) {
+  auto launch = [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (args.softcap > 0.f)
+      wgmma_forward_launch_d<D, true>(space, args);
+    else
+      wgmma_forward_launch_d<D, false>(space, args);
+  };
+  if (args.q.extent(3) == 64)
+    launch(std::integral_constant<int, 64>{});
+  else
+    launch(std::integral_constant<int, 128>{});
+}
+#endif
+
+}  // namespace detail
+}  // namespace kfa

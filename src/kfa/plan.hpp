@@ -1,0 +1,38 @@
+#pragma once
+/// What a call runs: the kernel family a plan chose, its tiles and its profiling region (plan_forward,
+/// plan_backward in attention.hpp return these; the launch runs what the plan says).
+#include <kfa/options.hpp>
+#include <kfa/tiling.hpp>
+
+#include <string>
+
+namespace kfa {
+
+/// What a forward call runs: the kernel family (never automatic or tensor_core: what they resolved to),
+/// its tiles and the name of the Kokkos profiling region it runs in.
+struct ForwardPlan {
+  TileProductPath family;
+  TileConfig tiles;
+  std::string region;
+};
+
+/// What a backward call runs: tensor_core or portable, its tiles (dK/dV and dQ kernels) and the name of its
+/// Kokkos profiling region.
+struct BackwardPlan {
+  TileProductPath family;
+  BackwardTileConfig tiles;  ///< with atomic_dq only tiles.dkdv is used
+  std::string region;
+  /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
+  /// tensor-core family); otherwise a separate dQ kernel, bitwise reproducible.
+  bool atomic_dq = false;
+  /// dK, dV and dQ from the wgmma kernels (tensor-core family, deterministic, head dim 64 or 128, sm_90a on a
+  /// compute capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma); otherwise the
+  /// FA2-layout or the 16-keys-per-warp dK/dV kernel and the FA2-layout or TcDqKernel dQ kernel.
+  bool wgmma = false;
+  /// Where neither wgmma: the FA2-layout dK/dV kernel (else the 16-keys-per-warp one) and the FA2-layout dQ
+  /// kernel (else TcDqKernel; unused with atomic_dq). The launch runs these and decides nothing.
+  bool fa2_dkdv = false;
+  bool fa2_dq = false;
+};
+
+}  // namespace kfa
