@@ -14,9 +14,10 @@
 
 int main(int argc, char** argv) {
   {  // --help prints and exits; anything but Kokkos' own --kokkos-* options is refused (exit 2)
-    CLI::App app{"kfa backward example: gradients of a small causal GQA problem checked against central finite "
-                 "differences (no options; Kokkos' options --kokkos-*: --kokkos-help)",
-                 "kfa_example_backward"};
+    CLI::App app{
+        "kfa backward example: gradients of a small causal GQA problem checked against central finite "
+        "differences (no options; Kokkos' options --kokkos-*: --kokkos-help)",
+        "kfa_example_backward"};
     const int parsed = kfa_cli::parse_command_line(app, argc, argv);
     if (parsed >= 0) return parsed;
   }

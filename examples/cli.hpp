@@ -22,7 +22,8 @@ inline CLI::Validator integer(long long lo, long long hi, const std::string& wha
         errno = 0;
         char* end = nullptr;
         const long long x = std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) return "must be " + what + ", got '" + s + "'";
+        if (s.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi)
+          return "must be " + what + ", got '" + s + "'";
         return std::string();
       },
       what);
@@ -38,7 +39,8 @@ inline CLI::Validator positive_real() {
       [](std::string& s) -> std::string {
         char* end = nullptr;
         const double x = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || !std::isfinite(x) || x <= 0) return "must be a positive finite number, got '" + s + "'";
+        if (s.empty() || *end != '\0' || !std::isfinite(x) || x <= 0)
+          return "must be a positive finite number, got '" + s + "'";
         return std::string();
       },
       "a positive number");

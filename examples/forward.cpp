@@ -8,6 +8,7 @@
 #include <kfa/kfa.hpp>
 
 #include "cli.hpp"
+#include "sizes.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -29,19 +30,26 @@ int main(int argc, char** argv) {
   bool causal = false;
   const long long big = 1LL << 30;
   const std::string positive = "a positive integer (at most " + std::to_string(big) + ")";
-  CLI::App app{"kfa forward example: exact attention over one sequence, checked against float64 rows "
-               "(Kokkos' options --kokkos-*: --kokkos-help)",
-               "kfa_example_forward"};
+  CLI::App app{
+      "kfa forward example: exact attention over one sequence, checked against float64 rows "
+      "(Kokkos' options --kokkos-*: --kokkos-help)",
+      "kfa_example_forward"};
   app.add_option("--seq", seq, "sequence length")->check(integer(1, big, positive))->capture_default_str();
   app.add_option("--batch", batch, "batch")->check(integer(1, big, positive))->capture_default_str();
   app.add_option("--heads", heads, "query heads")->check(integer(1, big, positive))->capture_default_str();
   app.add_option("--kv-heads", kv_heads, "key/value heads, a divisor of --heads (0: --heads)")
-      ->check(integer(0, big, "an integer in [0, " + std::to_string(big) + "]"))->capture_default_str();
-  app.add_option("--head-dim", d, "head dim")->check(integer(1, 1024, "a positive integer (at most 1024)"))->capture_default_str();
+      ->check(integer(0, big, "an integer in [0, " + std::to_string(big) + "]"))
+      ->capture_default_str();
+  app.add_option("--head-dim", d, "head dim")
+      ->check(integer(1, 1024, "a positive integer (at most 1024)"))
+      ->capture_default_str();
   app.add_flag("--causal", causal, "causal mask");
   app.add_option("--check", check, "rows checked against float64 (0: none)")
-      ->check(integer(0, big, "an integer in [0, " + std::to_string(big) + "]"))->capture_default_str();
-  app.add_option("--repeat", repeat, "timed calls (the best is reported)")->check(integer(1, big, positive))->capture_default_str();
+      ->check(integer(0, big, "an integer in [0, " + std::to_string(big) + "]"))
+      ->capture_default_str();
+  app.add_option("--repeat", repeat, "timed calls (the best is reported)")
+      ->check(integer(1, big, positive))
+      ->capture_default_str();
   const int parsed = parse_command_line(app, argc, argv);
   if (parsed >= 0) return parsed;
   if (kv_heads == 0) kv_heads = heads;
@@ -52,6 +60,20 @@ int main(int argc, char** argv) {
   const bool kokkos_help = kfa_cli::asks_kokkos_help(argc, argv);
   Kokkos::ScopeGuard guard(argc, argv);
   if (kokkos_help) return 0;  // Kokkos printed its options; nothing runs
+  const std::string sizes = kfa_sizes::problem(
+      "kfa_example_forward",
+      "--seq " + std::to_string(seq) + " --batch " + std::to_string(batch) + " --heads " + std::to_string(heads) +
+          " --kv-heads " + std::to_string(kv_heads) + " --head-dim " + std::to_string(d),
+      {{"q", {batch, seq, heads, d}, sizeof(float), true},
+       {"k", {batch, seq, kv_heads, d}, sizeof(float), true},
+       {"v", {batch, seq, kv_heads, d}, sizeof(float), true},
+       {"o", {batch, seq, heads, d}, sizeof(float), true},
+       {"lse", {batch, heads, seq}, sizeof(float), false}},
+      "use a shorter --seq, fewer --heads, or a smaller --batch or --head-dim");
+  if (!sizes.empty()) {
+    std::fprintf(stderr, "%s\n", sizes.c_str());
+    return 2;
+  }
   using Exec = Kokkos::DefaultExecutionSpace;
   using View4 = Kokkos::View<float****, Exec::memory_space>;
   int status = 0;

@@ -16,9 +16,10 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   std::string path = "kfa_roundtrip.h5";
   {  // Every rank parses the same command line and so ends the same way; rank 0 speaks.
-    CLI::App app{"kfa HDF5 round trip: every rank writes its zigzag shard with kfa::io, then reads a contiguous "
-                 "sharding back",
-                 "kfa_example_hdf5_roundtrip"};
+    CLI::App app{
+        "kfa HDF5 round trip: every rank writes its zigzag shard with kfa::io, then reads a contiguous "
+        "sharding back",
+        "kfa_example_hdf5_roundtrip"};
     app.add_option("file", path, "the HDF5 file written, read and removed")->capture_default_str();
     int exit_now = -1;
     try {

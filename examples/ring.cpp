@@ -3,9 +3,10 @@
 //
 //   mpirun -n P kfa_example_ring [--seq N] [--heads H] [--head-dim D]
 #include <Kokkos_Random.hpp>
-#include <kfa/dist/dist.hpp>
+#include <kfa/distributed/dist.hpp>
 
 #include "cli.hpp"
+#include "sizes.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -27,17 +28,24 @@ int main(int argc, char** argv) {
     const long long big = 1LL << 30;
     using kfa_cli::integer;
     const std::string positive = "a positive integer (at most " + std::to_string(big) + ")";
-    CLI::App app{"kfa ring attention example: one causal sequence sharded over the MPI ranks (zigzag), forward and "
-                 "backward, checked against float64 (Kokkos' options --kokkos-*: --kokkos-help)",
-                 "kfa_example_ring"};
-    app.add_option("--seq", seq, "sequence length, at least 2 x ranks")->check(integer(1, big, positive))->capture_default_str();
+    CLI::App app{
+        "kfa ring attention example: one causal sequence sharded over the MPI ranks (zigzag), forward and "
+        "backward, checked against float64 (Kokkos' options --kokkos-*: --kokkos-help)",
+        "kfa_example_ring"};
+    app.add_option("--seq", seq, "sequence length, at least 2 x ranks")
+        ->check(integer(1, big, positive))
+        ->capture_default_str();
     app.add_option("--heads", heads, "heads")->check(integer(1, big, positive))->capture_default_str();
-    app.add_option("--head-dim", d, "head dim")->check(integer(1, 1024, "a positive integer (at most 1024)"))->capture_default_str();
+    app.add_option("--head-dim", d, "head dim")
+        ->check(integer(1, 1024, "a positive integer (at most 1024)"))
+        ->capture_default_str();
     int exit_now = kfa_cli::parse_command_line(app, argc, argv, rank != 0);
     if (exit_now < 0 && seq < 2L * nranks) {
       if (rank == 0)
-        std::fprintf(stderr, "kfa_example_ring: --seq %ld is shorter than 2 x %d ranks (the zigzag layout gives every "
-                     "rank two chunks)\n", seq, nranks);
+        std::fprintf(stderr,
+                     "kfa_example_ring: --seq %ld is shorter than 2 x %d ranks (the zigzag layout gives every "
+                     "rank two chunks)\n",
+                     seq, nranks);
       exit_now = 2;
     }
     if (exit_now >= 0) {
@@ -58,6 +66,29 @@ int main(int argc, char** argv) {
     using Exec = Kokkos::DefaultExecutionSpace;
     using V4 = Kokkos::View<float****, Exec::memory_space>;
     try {
+      // Sizes this rank cannot fill (Views of 2^31 elements or more, more memory than the node has) are
+      // refused alike on every rank (kfa::dist::agree), before anything is allocated.
+      {
+        long n = 0;
+        for (const auto& s : kfa::dist::shard_of(kfa::dist::Layout::zigzag, seq, nranks, rank)) n += s.length;
+        MPI_Comm node;
+        int on_node = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &on_node);
+        MPI_Comm_free(&node);
+        std::vector<kfa_sizes::Tensor> tensors;
+        for (const char* x : {"q", "k", "v", "do"})
+          tensors.push_back({x, {1, seq, heads, d}, sizeof(float), *x != 'd'});
+        for (const char* x : {"q_shard", "k_shard", "v_shard", "do_shard", "o", "dq", "dk", "dv"})
+          tensors.push_back({x, {1, n, heads, d}, sizeof(float), std::string(x) == "o"});
+        tensors.push_back({"lse", {1, heads, n}, sizeof(float), false});
+        kfa::dist::agree(
+            MPI_COMM_WORLD,
+            kfa_sizes::problem("kfa_example_ring",
+                               "--seq " + std::to_string(seq) + " --heads " + std::to_string(heads) + " --head-dim " +
+                                   std::to_string(d) + " on " + std::to_string(nranks) + " ranks",
+                               tensors, "use a shorter --seq, fewer --heads or a smaller --head-dim", on_node));
+      }
       // Every rank builds the same global tensors (same seed), then keeps its zigzag shard: with 2P chunks,
       // rank r holds chunks r and 2P-1-r, which balances the causal work.
       V4 q("q", 1, seq, heads, d), k("k", 1, seq, heads, d), v("v", 1, seq, heads, d), g("do", 1, seq, heads, d);
@@ -70,11 +101,13 @@ int main(int argc, char** argv) {
           gl("do_shard", 1, n, heads, d), o("o", 1, n, heads, d), dq("dq", 1, n, heads, d), dk("dk", 1, n, heads, d),
           dv("dv", 1, n, heads, d);
       for (const auto& s : segs)
-        for (auto pr : {std::make_pair(&ql, &q), std::make_pair(&kl, &k), std::make_pair(&vl, &v), std::make_pair(&gl, &g)})
-          Kokkos::deep_copy(Kokkos::subview(*pr.first, Kokkos::ALL, std::make_pair(s.local_begin, s.local_begin + s.length),
-                                            Kokkos::ALL, Kokkos::ALL),
-                            Kokkos::subview(*pr.second, Kokkos::ALL, std::make_pair(s.global_begin, s.global_begin + s.length),
-                                            Kokkos::ALL, Kokkos::ALL));
+        for (auto pr :
+             {std::make_pair(&ql, &q), std::make_pair(&kl, &k), std::make_pair(&vl, &v), std::make_pair(&gl, &g)})
+          Kokkos::deep_copy(
+              Kokkos::subview(*pr.first, Kokkos::ALL, std::make_pair(s.local_begin, s.local_begin + s.length),
+                              Kokkos::ALL, Kokkos::ALL),
+              Kokkos::subview(*pr.second, Kokkos::ALL, std::make_pair(s.global_begin, s.global_begin + s.length),
+                              Kokkos::ALL, Kokkos::ALL));
       Kokkos::View<float***, Exec::memory_space> lse("lse", 1, heads, n);
 
       kfa::dist::Ring ring(MPI_COMM_WORLD, kfa::dist::Layout::zigzag);  // duplicates the communicator
@@ -118,9 +151,10 @@ int main(int argc, char** argv) {
       MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       const bool ok = worst <= 1e-5;
       if (rank == 0)
-        std::printf("kfa ring attention: %d ranks, zigzag, causal, seq %ld, heads %d, d %d: forward %.3f s, backward "
-                    "%.3f s; max relative row error vs float64 %.2e: %s\n",
-                    nranks, seq, heads, d, t1 - t0, t2 - t1, worst, ok ? "PASS" : "FAIL");
+        std::printf(
+            "kfa ring attention: %d ranks, zigzag, causal, seq %ld, heads %d, d %d: forward %.3f s, backward "
+            "%.3f s; max relative row error vs float64 %.2e: %s\n",
+            nranks, seq, heads, d, t1 - t0, t2 - t1, worst, ok ? "PASS" : "FAIL");
       status = ok ? 0 : 1;
     } catch (const kfa::Error& e) {
       if (rank == 0) std::fprintf(stderr, "%s\n", e.what());

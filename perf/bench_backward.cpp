@@ -17,16 +17,26 @@ int main(int argc, char** argv) {
   std::vector<int> ns{512, 1024, 2048, 4096, 8192, 16384}, ds{64, 128};
   int heads = 4, reps = 3, ref_max_n = 8192, gemm_n = 2048;
   bool markdown = false;
-  CLI::App app{"kfa forward+backward benchmark: kfa vs the materialized reference, with the KokkosBlas::gemm "
-               "ceiling of the same run (Kokkos options: --kokkos-*)",
-               "kfa_bench_backward"};
-  app.add_option("--n", ns, "sequence lengths, comma separated")->delimiter(',')->check(positive_int())->capture_default_str();
-  app.add_option("--d", ds, "head dims, comma separated")->delimiter(',')->check(positive_int(1024))->capture_default_str();
+  CLI::App app{
+      "kfa forward+backward benchmark: kfa vs the materialized reference, with the KokkosBlas::gemm "
+      "ceiling of the same run (Kokkos options: --kokkos-*)",
+      "kfa_bench_backward"};
+  app.add_option("--n", ns, "sequence lengths, comma separated")
+      ->delimiter(',')
+      ->check(positive_int())
+      ->capture_default_str();
+  app.add_option("--d", ds, "head dims, comma separated")
+      ->delimiter(',')
+      ->check(positive_int(1024))
+      ->capture_default_str();
   app.add_option("--heads", heads, "heads")->check(positive_int())->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median)")->check(positive_int())->capture_default_str();
-  app.add_option("--gemm-n", gemm_n, "size of the GEMM ceiling's square matrices")->check(positive_int(65536))->capture_default_str();
+  app.add_option("--gemm-n", gemm_n, "size of the GEMM ceiling's square matrices")
+      ->check(positive_int(65536))
+      ->capture_default_str();
   app.add_option("--reference-max-n", ref_max_n, "largest N timed with the reference (0: none)")
-      ->check(nonnegative_int())->capture_default_str();
+      ->check(nonnegative_int())
+      ->capture_default_str();
   app.add_flag("--markdown", markdown, "print a Markdown table");
   const int parsed = parse_command_line(app, argc, argv);
   if (parsed >= 0) return parsed;
@@ -40,12 +50,15 @@ int main(int argc, char** argv) {
                 loaded_blas().c_str());
     std::printf("# host SIMD: %s\n", host_simd_line().c_str());
     if (markdown)
-      std::printf("| N | d | causal | bwd tiles | kfa fwd s | kfa bwd s | bwd GFLOP/s | bwd /GEMM | fwd+bwd GFLOP/s | ref bwd s | "
-                  "bwd kfa/ref | fwd+bwd kfa/ref | kfa extra MiB | ref extra MiB |\n"
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      std::printf(
+          "| N | d | causal | bwd tiles | kfa fwd s | kfa bwd s | bwd GFLOP/s | bwd /GEMM | fwd+bwd GFLOP/s | ref bwd "
+          "s | "
+          "bwd kfa/ref | fwd+bwd kfa/ref | kfa extra MiB | ref extra MiB |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     else
-      std::printf("%6s %4s %6s %28s %9s %9s %8s %6s %9s %9s %7s %7s %8s %8s\n", "N", "d", "causal", "bwd_tiles", "fwd_s",
-                  "bwd_s", "bwd_GF/s", "/GEMM", "f+b_GF/s", "ref_bwd_s", "bwd_x", "f+b_x", "kfa_MiB", "ref_MiB");
+      std::printf("%6s %4s %6s %28s %9s %9s %8s %6s %9s %9s %7s %7s %8s %8s\n", "N", "d", "causal", "bwd_tiles",
+                  "fwd_s", "bwd_s", "bwd_GF/s", "/GEMM", "f+b_GF/s", "ref_bwd_s", "bwd_x", "f+b_x", "kfa_MiB",
+                  "ref_MiB");
     for (int d : ds)
       for (int n : ns)
         for (bool causal : {false, true}) {
@@ -79,11 +92,13 @@ int main(int argc, char** argv) {
           const double gb = bwd_flops / tb * 1e-9, gfb = (fwd_flops + bwd_flops) / (tf + tb) * 1e-9;
           const double xb = trb > 0 ? trb / tb : 0, xfb = trb > 0 ? (trf + trb) / (tf + tb) : 0;
           if (markdown)
-            std::printf("| %d | %d | %s | %s | %.4f | %.4f | %.1f | %.2f | %.1f | %.4f | %.2f | %.2f | %.1f | %.1f |\n", n, d,
-                        causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k, mem_r);
+            std::printf("| %d | %d | %s | %s | %.4f | %.4f | %.1f | %.2f | %.1f | %.4f | %.2f | %.2f | %.1f | %.1f |\n",
+                        n, d, causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k,
+                        mem_r);
           else
             std::printf("%6d %4d %6s %28s %9.4f %9.4f %8.1f %6.2f %9.1f %9.4f %7.2f %7.2f %8.1f %8.1f\n", n, d,
-                        causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k, mem_r);
+                        causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, gb / ceiling, gfb, trb, xb, xfb, mem_k,
+                        mem_r);
           std::fflush(stdout);
         }
     track_memory(false);

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -49,7 +49,9 @@ inline void reset_peak() {
   g_live = 0;
   g_peak = 0;
 }
-inline double peak_mib() { return g_peak / 1048576.0; }
+inline double peak_mib() {
+  return g_peak / 1048576.0;
+}
 
 // The command-line helpers shared with the examples (integer, positive_int, nonnegative_int, positive_real,
 // parse_command_line).

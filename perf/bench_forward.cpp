@@ -55,7 +55,7 @@ int guard(double min_ratio) {
   auto vd = Kokkos::create_mirror_view_and_copy(Mem(), v);
   Kokkos::View<float****, Mem> od("guard::od", 1, n, 1, d);
   Kokkos::View<float***, Mem> lsed("guard::lsed", 1, 1, n);
-  Kokkos::deep_copy(od, std::nanf(""));  // poisoned: every element must be written
+  Kokkos::deep_copy(od, std::nanf(""));                  // poisoned: every element must be written
   kfa::attention_forward(Exec(), qd, kd, vd, od, lsed);  // warm-up
   const double t_kfa = median_seconds(5, [&] { kfa::attention_forward(Exec(), qd, kd, vd, od, lsed); });
   const auto t0 = std::chrono::steady_clock::now();
@@ -70,9 +70,10 @@ int guard(double min_ratio) {
   const double ratio = t_scalar / t_kfa;
   const double flops = 4.0 * n * double(n) * d;
   std::printf("# guard: N=%d d=%d float, 1 head; %s; backend %s\n", n, d, host_simd_line().c_str(), Exec::name());
-  std::printf("# guard: kfa %.4f s (%.1f GFLOP/s), scalar triple loop %.4f s (%.2f GFLOP/s): kfa %.1fx faster "
-              "(required %.1fx); max |o - o_scalar| = %.2e\n",
-              t_kfa, flops / t_kfa * 1e-9, t_scalar, flops / t_scalar * 1e-9, ratio, min_ratio, worst);
+  std::printf(
+      "# guard: kfa %.4f s (%.1f GFLOP/s), scalar triple loop %.4f s (%.2f GFLOP/s): kfa %.1fx faster "
+      "(required %.1fx); max |o - o_scalar| = %.2e\n",
+      t_kfa, flops / t_kfa * 1e-9, t_scalar, flops / t_scalar * 1e-9, ratio, min_ratio, worst);
   if (!(worst < 1e-4)) {
     std::printf("GUARD FAIL: kfa and the scalar loop disagree (%.2e)\n", worst);
     return 1;
@@ -90,20 +91,33 @@ int main(int argc, char** argv) {
   int heads = 4, reps = 3, ref_max_n = 16384, gemm_n = 2048;
   bool no_reference = false, markdown = false, run_guard = false;
   double guard_ratio = 5.0;
-  CLI::App app{"kfa forward benchmark: kfa::attention_forward vs the materialized reference, with the "
-               "KokkosBlas::gemm ceiling of the same run (Kokkos options: --kokkos-*)",
-               "kfa_bench_forward"};
-  app.add_option("--n", ns, "sequence lengths, comma separated")->delimiter(',')->check(positive_int())->capture_default_str();
-  app.add_option("--d", ds, "head dims, comma separated")->delimiter(',')->check(positive_int(1024))->capture_default_str();
+  CLI::App app{
+      "kfa forward benchmark: kfa::attention_forward vs the materialized reference, with the "
+      "KokkosBlas::gemm ceiling of the same run (Kokkos options: --kokkos-*)",
+      "kfa_bench_forward"};
+  app.add_option("--n", ns, "sequence lengths, comma separated")
+      ->delimiter(',')
+      ->check(positive_int())
+      ->capture_default_str();
+  app.add_option("--d", ds, "head dims, comma separated")
+      ->delimiter(',')
+      ->check(positive_int(1024))
+      ->capture_default_str();
   app.add_option("--heads", heads, "heads")->check(positive_int())->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions (median)")->check(positive_int())->capture_default_str();
-  app.add_option("--gemm-n", gemm_n, "size of the GEMM ceiling's square matrices")->check(positive_int(65536))->capture_default_str();
+  app.add_option("--gemm-n", gemm_n, "size of the GEMM ceiling's square matrices")
+      ->check(positive_int(65536))
+      ->capture_default_str();
   app.add_option("--reference-max-n", ref_max_n, "largest N timed with the reference (0: none)")
-      ->check(nonnegative_int())->capture_default_str();
+      ->check(nonnegative_int())
+      ->capture_default_str();
   app.add_flag("--no-reference", no_reference, "do not time the reference");
   app.add_flag("--markdown", markdown, "print a Markdown table");
-  app.add_flag("--guard", run_guard, "the speed guard: kfa vs a scalar triple loop at N=2048, d=128; exit 1 when too slow");
-  app.add_option("--guard-ratio", guard_ratio, "speed-up --guard requires")->check(positive_real())->capture_default_str();
+  app.add_flag("--guard", run_guard,
+               "the speed guard: kfa vs a scalar triple loop at N=2048, d=128; exit 1 when too slow");
+  app.add_option("--guard-ratio", guard_ratio, "speed-up --guard requires")
+      ->check(positive_real())
+      ->capture_default_str();
   const int parsed = parse_command_line(app, argc, argv);
   if (parsed >= 0) return parsed;
   const bool reference = !no_reference;
@@ -118,10 +132,15 @@ int main(int argc, char** argv) {
     std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
                 loaded_blas().c_str());
     std::printf("# host SIMD: %s\n", host_simd_line().c_str());
-    const char* head = markdown ? "| N | d | causal | tiles | kfa s | kfa GFLOP/s | /GEMM | ref s | ref GFLOP/s | kfa/ref | kfa extra MiB | ref extra MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-                                : "%6s %4s %6s %10s %9s %10s %6s %9s %10s %7s %10s %10s\n";
-    if (markdown) std::printf("%s", head);
-    else std::printf(head, "N", "d", "causal", "tiles", "kfa_s", "kfa_GF/s", "/GEMM", "ref_s", "ref_GF/s", "kfa/ref", "kfa_MiB", "ref_MiB");
+    const char* head = markdown
+                           ? "| N | d | causal | tiles | kfa s | kfa GFLOP/s | /GEMM | ref s | ref GFLOP/s | kfa/ref | "
+                             "kfa extra MiB | ref extra MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+                           : "%6s %4s %6s %10s %9s %10s %6s %9s %10s %7s %10s %10s\n";
+    if (markdown)
+      std::printf("%s", head);
+    else
+      std::printf(head, "N", "d", "causal", "tiles", "kfa_s", "kfa_GF/s", "/GEMM", "ref_s", "ref_GF/s", "kfa/ref",
+                  "kfa_MiB", "ref_MiB");
 
     for (int d : ds)
       for (int n : ns)
@@ -151,11 +170,12 @@ int main(int argc, char** argv) {
           const double gk = flops / tk * 1e-9, gr = tr > 0 ? flops / tr * 1e-9 : 0;
           if (markdown)
             std::printf("| %d | %d | %s | %s | %.4f | %.1f | %.2f | %.4f | %.1f | %.2f | %.1f | %.1f |\n", n, d,
-                        causal ? "yes" : "no", tiles.c_str(), tk, gk, gk / ceiling, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k,
-                        mem_r);
+                        causal ? "yes" : "no", tiles.c_str(), tk, gk, gk / ceiling, tr, gr, tr > 0 ? tr / tk : 0.0,
+                        mem_k, mem_r);
           else
-            std::printf("%6d %4d %6s %10s %9.4f %10.1f %6.2f %9.4f %10.1f %7.2f %10.1f %10.1f\n", n, d, causal ? "yes" : "no",
-                        tiles.c_str(), tk, gk, gk / ceiling, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k, mem_r);
+            std::printf("%6d %4d %6s %10s %9.4f %10.1f %6.2f %9.4f %10.1f %7.2f %10.1f %10.1f\n", n, d,
+                        causal ? "yes" : "no", tiles.c_str(), tk, gk, gk / ceiling, tr, gr, tr > 0 ? tr / tk : 0.0,
+                        mem_k, mem_r);
           std::fflush(stdout);
         }
     track_memory(false);

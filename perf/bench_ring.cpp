@@ -18,7 +18,7 @@
 // are the maximum over ranks. GFLOP/s counts the whole sequence's attention (4·H·N²·d, halved for
 // causal; ×3.5 with --backward for forward+backward) over the slowest rank's time.
 #include <Kokkos_Random.hpp>
-#include <kfa/dist/dist.hpp>
+#include <kfa/distributed/dist.hpp>
 
 #include "bench_common.hpp"
 
@@ -69,11 +69,13 @@ void run(const Args& args, int rank, int p) {
     Kokkos::View<kfa::accumulator_t<T>***, Kokkos::LayoutRight, Mem> lse("bench::lse", 1, heads, n);
     Kokkos::Random_XorShift64_Pool<Exec> pool(1234 + rank);
     for (const V4* x : {&q, &k, &v, &d_o}) {
-      Kokkos::View<float****, Kokkos::LayoutRight, Mem> tmp("bench::tmp", x->extent(0), x->extent(1), x->extent(2), x->extent(3));
+      Kokkos::View<float****, Kokkos::LayoutRight, Mem> tmp("bench::tmp", x->extent(0), x->extent(1), x->extent(2),
+                                                            x->extent(3));
       Kokkos::fill_random(tmp, pool, -1.0f, 1.0f);
       const V4 dst = *x;
-      Kokkos::parallel_for("bench::convert", Kokkos::RangePolicy<Exec>(0, tmp.size()),
-                           KOKKOS_LAMBDA(const long i) { dst.data()[i] = static_cast<T>(tmp.data()[i]); });
+      Kokkos::parallel_for(
+          "bench::convert", Kokkos::RangePolicy<Exec>(0, tmp.size()),
+          KOKKOS_LAMBDA(const long i) { dst.data()[i] = static_cast<T>(tmp.data()[i]); });
     }
     kfa::AttentionOptions opts;
     opts.causal = causal;
@@ -124,20 +126,25 @@ void run(const Args& args, int rank, int p) {
     }
     const double single_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
     if (rank == 0) {
-      std::printf("kfa_bench_ring %s transport: %s; buffers %s; single (one local call on one shard, %ld tokens): %.4f s, %.1f GFLOP/s\n",
-                  kfa::dtype_name<T>().c_str(), best.transport.c_str(),
-                  ring.cache_buffers() ? "kept between calls" : "allocated per call", n, best_single, single_flops / best_single * 1e-9);
-      std::printf("kfa_bench_ring P=%d N=%ld tokens/rank=%ld heads=%d/%d d=%d layout=%s causal=%d %s: time %.4f s, "
-                  "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, imbalance %.4f s, exchange alone "
-                  "%.4f s, hidden %.2f\n",
-                  p, n_total, n_total / p, heads, kv_heads, d, kfa::dist::to_string(layout).c_str(), causal ? 1 : 0,
-                  backward ? "fwd+bwd" : "fwd", best_t, flops / best_t * 1e-9, flops / best_t * 1e-9 / p, compute, wait,
-                  sync, t_comm, hidden);
+      std::printf(
+          "kfa_bench_ring %s transport: %s; buffers %s; single (one local call on one shard, %ld tokens): %.4f s, %.1f "
+          "GFLOP/s\n",
+          kfa::dtype_name<T>().c_str(), best.transport.c_str(),
+          ring.cache_buffers() ? "kept between calls" : "allocated per call", n, best_single,
+          single_flops / best_single * 1e-9);
+      std::printf(
+          "kfa_bench_ring P=%d N=%ld tokens/rank=%ld heads=%d/%d d=%d layout=%s causal=%d %s: time %.4f s, "
+          "%.1f GFLOP/s, %.1f GFLOP/s per rank, compute %.4f s, wait %.4f s, imbalance %.4f s, exchange alone "
+          "%.4f s, hidden %.2f\n",
+          p, n_total, n_total / p, heads, kv_heads, d, kfa::dist::to_string(layout).c_str(), causal ? 1 : 0,
+          backward ? "fwd+bwd" : "fwd", best_t, flops / best_t * 1e-9, flops / best_t * 1e-9 / p, compute, wait, sync,
+          t_comm, hidden);
       if (steps)
         for (int s = 0; s < p; ++s)
-          std::printf("  step %d: compute %.4f s, wait %.4f s, imbalance %.4f s, %zu bytes sent by rank 0 (alone "
-                      "%.4f s), %d blocks\n",
-                      s, sc[s], sw[s], ss[s], best.steps[s].bytes, sx[s], best.steps[s].blocks);
+          std::printf(
+              "  step %d: compute %.4f s, wait %.4f s, imbalance %.4f s, %zu bytes sent by rank 0 (alone "
+              "%.4f s), %d blocks\n",
+              s, sc[s], sw[s], ss[s], best.steps[s].bytes, sx[s], best.steps[s].blocks);
     }
   }
 }
@@ -154,7 +161,8 @@ int main(int argc, char** argv) {
   std::size_t max_msg = 0;
   std::string transport = "auto";
   CLI::App app("Ring attention benchmark (run under mpirun)", "kfa_bench_ring");
-  app.add_option("--tokens-per-rank", per_rank, "weak scaling: tokens per rank")->check(kfa_bench::positive_int(1LL << 40));
+  app.add_option("--tokens-per-rank", per_rank, "weak scaling: tokens per rank")
+      ->check(kfa_bench::positive_int(1LL << 40));
   app.add_option("--seq", seq, "strong scaling: the whole sequence (overrides --tokens-per-rank)")
       ->check(kfa_bench::positive_int(1LL << 40));
   app.add_option("--heads", heads, "query heads")->check(kfa_bench::positive_int());
@@ -166,13 +174,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "float64", "float16", "bfloat16"}));
   app.add_option("--max-message-bytes", max_msg, "split ring messages into chunks of at most this many bytes")
       ->check(kfa_bench::positive_int(2147483647LL));
-  app.add_option("--transport", transport, "how device buffers travel (auto: NCCL if built, else GPU-aware MPI if "
+  app.add_option("--transport", transport,
+                 "how device buffers travel (auto: NCCL if built, else GPU-aware MPI if "
                  "reported, else pinned host staging)")
       ->check(CLI::IsMember({"auto", "nccl", "gpu-aware-mpi", "staging"}));
   app.add_flag("--causal", causal, "causal mask");
   app.add_flag("--backward", backward, "forward + backward");
   app.add_flag("--steps", steps, "per-step table");
-  app.add_flag("--no-buffer-cache", no_cache, "allocate the ring's work buffers in every call (Ring::set_cache_buffers(false))");
+  app.add_flag("--no-buffer-cache", no_cache,
+               "allocate the ring's work buffers in every call (Ring::set_cache_buffers(false))");
   // Every rank parses the same command line and reaches the same verdict; rank 0 alone prints it.
   const int st = kfa_bench::parse_command_line(app, argc, argv, rank != 0);
   if (st >= 0) {
@@ -181,8 +191,7 @@ int main(int argc, char** argv) {
   }
   if (kv_heads == 0) kv_heads = heads;
   if (kv_heads > heads || heads % kv_heads != 0) {
-    if (rank == 0)
-      std::fprintf(stderr, "kfa_bench_ring: --kv-heads %d must divide --heads %d\n", kv_heads, heads);
+    if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --kv-heads %d must divide --heads %d\n", kv_heads, heads);
     MPI_Finalize();
     return 2;
   }
@@ -190,20 +199,25 @@ int main(int argc, char** argv) {
   {
     Kokkos::ScopeGuard guard(argc, argv);
     using RT = kfa::dist::RingTransport;
-    const RT tr = transport == "nccl" ? RT::nccl
+    const RT tr = transport == "nccl"            ? RT::nccl
                   : transport == "gpu-aware-mpi" ? RT::gpu_aware_mpi
-                  : transport == "staging" ? RT::host_staging
-                  : RT::automatic;
+                  : transport == "staging"       ? RT::host_staging
+                                                 : RT::automatic;
     Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg, tr, no_cache};
-    if (dtype == "float32") run<float>(a, rank, p);
-    else if (dtype == "float64") run<double>(a, rank, p);
+    if (dtype == "float32")
+      run<float>(a, rank, p);
+    else if (dtype == "float64")
+      run<double>(a, rank, p);
 #if KFA_HAS_HALF
-    else if (dtype == "float16") run<kfa::compat::half_t>(a, rank, p);
+    else if (dtype == "float16")
+      run<kfa::compat::half_t>(a, rank, p);
 #endif
 #if KFA_HAS_BHALF
-    else if (dtype == "bfloat16") run<kfa::compat::bhalf_t>(a, rank, p);
+    else if (dtype == "bfloat16")
+      run<kfa::compat::bhalf_t>(a, rank, p);
 #endif
-    else if (rank == 0) std::fprintf(stderr, "kfa_bench_ring: --dtype %s is not available in this build\n", dtype.c_str());
+    else if (rank == 0)
+      std::fprintf(stderr, "kfa_bench_ring: --dtype %s is not available in this build\n", dtype.c_str());
   }
   MPI_Finalize();
   return 0;

@@ -6,7 +6,8 @@
 // float64 done in Python.
 //
 //   kfa_bench_sdpa --out DIR [--dtypes bf16,fp16,fp32] [--d 64,128] [--n 512,...,16384] [--causal 0,1]
-//                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32|tensor_core_tf32x3|tensor_core_wgmma]
+//                  [--tokens 16384] [--hidden 2048] [--reps 20] [--path
+//                  automatic|portable|tensor_core|tensor_core_team|tensor_core_fa2|simt_fp32|tensor_core_tf32x3|tensor_core_wgmma]
 //                  [--no-backward] [--nondeterministic] [--softcap C] [--seed S]
 //
 // --softcap C (AttentionOptions::softcap, kfa only: SDPA has none, so perf/sdpa_compare.py never passes it)
@@ -22,11 +23,10 @@
 using namespace kfa_bench;
 
 namespace {
-const kfa::TileProductPath all_paths[] = {kfa::TileProductPath::automatic,        kfa::TileProductPath::portable,
-                                           kfa::TileProductPath::tensor_core,      kfa::TileProductPath::tensor_core_team,
-                                           kfa::TileProductPath::tensor_core_fa2, kfa::TileProductPath::simt_fp32,
-                                           kfa::TileProductPath::tensor_core_tf32x3,
-                                           kfa::TileProductPath::tensor_core_wgmma};
+const kfa::TileProductPath all_paths[] = {
+    kfa::TileProductPath::automatic,          kfa::TileProductPath::portable,         kfa::TileProductPath::tensor_core,
+    kfa::TileProductPath::tensor_core_team,   kfa::TileProductPath::tensor_core_fa2,  kfa::TileProductPath::simt_fp32,
+    kfa::TileProductPath::tensor_core_tf32x3, kfa::TileProductPath::tensor_core_wgmma};
 
 // The counter hash shared with sdpa_compare.py: element i of tensor `seed` → uniform on [−√3, √3).
 KOKKOS_INLINE_FUNCTION float hash_value(std::uint64_t i, std::uint64_t seed) {
@@ -42,8 +42,9 @@ template <class V>
 void fill_hash(const V& x, std::uint64_t seed) {
   using T = typename V::non_const_value_type;
   auto* p = x.data();
-  Kokkos::parallel_for("bench::hash", Kokkos::RangePolicy<Exec>(0, x.size()),
-                       KOKKOS_LAMBDA(const std::size_t i) { p[i] = static_cast<T>(hash_value(i, seed)); });
+  Kokkos::parallel_for(
+      "bench::hash", Kokkos::RangePolicy<Exec>(0, x.size()),
+      KOKKOS_LAMBDA(const std::size_t i) { p[i] = static_cast<T>(hash_value(i, seed)); });
 }
 
 // Rows (query or key positions) whose outputs are written for the error check.
@@ -87,9 +88,9 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
         ++case_id;
         const int batch = a.tokens / n, heads = a.hidden / d;
         if (batch < 1 || heads < 1) continue;
-        V4 q("q", batch, n, heads, d), k("k", batch, n, heads, d), v("v", batch, n, heads, d), o("o", batch, n, heads, d),
-            d_o("do", batch, n, heads, d), dq("dq", batch, n, heads, d), dk("dk", batch, n, heads, d),
-            dv("dv", batch, n, heads, d);
+        V4 q("q", batch, n, heads, d), k("k", batch, n, heads, d), v("v", batch, n, heads, d),
+            o("o", batch, n, heads, d), d_o("do", batch, n, heads, d), dq("dq", batch, n, heads, d),
+            dk("dk", batch, n, heads, d), dv("dv", batch, n, heads, d);
         L3 lse("lse", batch, heads, n);
         const std::uint64_t s0 = a.seed + 10ull * case_id;
         fill_hash(q, s0 + 1), fill_hash(k, s0 + 2), fill_hash(v, s0 + 3), fill_hash(d_o, s0 + 4);
@@ -112,7 +113,8 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
         write_rows(stem + "_o.f32", o, rows);
         double tfb = 0;
         if (a.backward) {
-          for (const V4* x : {&dq, &dk, &dv}) Kokkos::deep_copy(*x, static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
+          for (const V4* x : {&dq, &dk, &dv})
+            Kokkos::deep_copy(*x, static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
           kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
           Exec().fence();
           write_rows(stem + "_dq.f32", dq, rows);
@@ -124,8 +126,9 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
           });
         }
         std::printf("%s %d %d %d %d %d %s seed=%llu %.4f %.2f %.4f %.2f\n", dname.c_str(), d, n, causal, batch, heads,
-                    (a.path + (a.deterministic ? "" : "+nondet") + (a.softcap > 0 ? "+softcap" : "")).c_str(), static_cast<unsigned long long>(s0), tf * 1e3, fwd_flops / tf * 1e-12,
-                    tfb * 1e3, tfb > 0 ? 3.5 * fwd_flops / tfb * 1e-12 : 0.0);
+                    (a.path + (a.deterministic ? "" : "+nondet") + (a.softcap > 0 ? "+softcap" : "")).c_str(),
+                    static_cast<unsigned long long>(s0), tf * 1e3, fwd_flops / tf * 1e-12, tfb * 1e3,
+                    tfb > 0 ? 3.5 * fwd_flops / tfb * 1e-12 : 0.0);
         std::fflush(stdout);
       }
 }
@@ -134,23 +137,36 @@ void run_dtype(const Args& a, const std::string& dname, int& case_id) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"kfa's side of the benchmark against PyTorch SDPA (perf/sdpa_compare.py runs both; Kokkos options: "
-               "--kokkos-*)",
-               "kfa_bench_sdpa"};
+  CLI::App app{
+      "kfa's side of the benchmark against PyTorch SDPA (perf/sdpa_compare.py runs both; Kokkos options: "
+      "--kokkos-*)",
+      "kfa_bench_sdpa"};
   app.add_option("--out", a.out, "directory for the sampled output rows")->required();
-  app.add_option("--dtypes", a.dtypes, "comma separated")->delimiter(',')->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+  app.add_option("--dtypes", a.dtypes, "comma separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
       ->capture_default_str();
-  app.add_option("--d", a.ds, "head dims, comma separated")->delimiter(',')->check(positive_int(1024))->capture_default_str();
-  app.add_option("--n", a.ns, "sequence lengths, comma separated")->delimiter(',')->check(positive_int())->capture_default_str();
-  app.add_option("--causal", a.causals, "0 and/or 1, comma separated")->delimiter(',')->check(integer(0, 1, "0 or 1"))
+  app.add_option("--d", a.ds, "head dims, comma separated")
+      ->delimiter(',')
+      ->check(positive_int(1024))
+      ->capture_default_str();
+  app.add_option("--n", a.ns, "sequence lengths, comma separated")
+      ->delimiter(',')
+      ->check(positive_int())
+      ->capture_default_str();
+  app.add_option("--causal", a.causals, "0 and/or 1, comma separated")
+      ->delimiter(',')
+      ->check(integer(0, 1, "0 or 1"))
       ->capture_default_str();
   app.add_option("--tokens", a.tokens, "batch x N of every case")->check(positive_int())->capture_default_str();
   app.add_option("--hidden", a.hidden, "heads x d of every case")->check(positive_int())->capture_default_str();
-  app.add_option("--reps", a.reps, "timed repetitions (median; fewer for slow cases, at least 3)")->check(positive_int())
+  app.add_option("--reps", a.reps, "timed repetitions (median; fewer for slow cases, at least 3)")
+      ->check(positive_int())
       ->capture_default_str();
   std::vector<std::string> path_names;
   for (kfa::TileProductPath p : all_paths) path_names.push_back(kfa::to_string(p));
-  app.add_option("--path", a.path, "kernel family (kfa::TileProductPath)")->check(CLI::IsMember(path_names))
+  app.add_option("--path", a.path, "kernel family (kfa::TileProductPath)")
+      ->check(CLI::IsMember(path_names))
       ->capture_default_str();
   bool no_backward = false;
   app.add_flag("--no-backward", no_backward, "forward only");
@@ -159,7 +175,8 @@ int main(int argc, char** argv) {
   app.add_option("--softcap", a.softcap, "AttentionOptions::softcap (kfa only; 0 = none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--seed", a.seed, "base seed of the counter hash")->check(integer(0, LLONG_MAX, "a non-negative integer"))
+  app.add_option("--seed", a.seed, "base seed of the counter hash")
+      ->check(integer(0, LLONG_MAX, "a non-negative integer"))
       ->capture_default_str();
   const int parsed = parse_command_line(app, argc, argv);
   if (parsed >= 0) return parsed;
@@ -171,14 +188,18 @@ int main(int argc, char** argv) {
   return report_errors("kfa_bench_sdpa", [&] {
     int case_id = 0;
     for (const std::string& t : a.dtypes) {
-      if (t == "fp32") run_dtype<float>(a, t, case_id);
+      if (t == "fp32")
+        run_dtype<float>(a, t, case_id);
 #if KFA_HAS_BHALF
-      else if (t == "bf16") run_dtype<kfa::compat::bhalf_t>(a, t, case_id);
+      else if (t == "bf16")
+        run_dtype<kfa::compat::bhalf_t>(a, t, case_id);
 #endif
 #if KFA_HAS_HALF
-      else if (t == "fp16") run_dtype<kfa::compat::half_t>(a, t, case_id);
+      else if (t == "fp16")
+        run_dtype<kfa::compat::half_t>(a, t, case_id);
 #endif
-      else std::fprintf(stderr, "kfa_bench_sdpa: dtype %s not available in this build, skipped\n", t.c_str());
+      else
+        std::fprintf(stderr, "kfa_bench_sdpa: dtype %s not available in this build, skipped\n", t.c_str());
     }
     return 0;
   });

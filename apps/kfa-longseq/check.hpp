@@ -52,7 +52,8 @@ inline std::pair<long, long> keys_of(const Config& c, long seq, long i) {
 }
 
 // Adds |got - want|^2 and |want|^2 of one row to num/den (a non-finite value counts as +inf).
-inline void accumulate_error(const std::vector<double>& got, const std::vector<double>& want, double& num, double& den) {
+inline void accumulate_error(const std::vector<double>& got, const std::vector<double>& want, double& num,
+                             double& den) {
   for (size_t e = 0; e < want.size(); ++e) {
     const double err = std::isfinite(got[e]) ? got[e] - want[e] : INFINITY;
     num += err * err, den += want[e] * want[e];
@@ -113,7 +114,8 @@ struct TravellingSegments {
   long v[5] = {0, 0, 0, 0, 0};
   explicit TravellingSegments(const Shard& s) {
     v[0] = s.n;
-    for (size_t i = 0; i < s.segs.size() && i < 2; ++i) v[1 + 2 * i] = s.segs[i].global_begin, v[2 + 2 * i] = s.segs[i].length;
+    for (size_t i = 0; i < s.segs.size() && i < 2; ++i)
+      v[1 + 2 * i] = s.segs[i].global_begin, v[2 + 2 * i] = s.segs[i].length;
   }
   // Calls f(local index in the owner's shard, global position) for every token of the owner.
   template <class F>
@@ -273,12 +275,15 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
     std::vector<double> want(d);
     for (long e = 0; e < d; ++e) want[e] = r.l > 0 ? r.acc[e] / r.l : 0.0;
     const std::vector<double> got = device_row(t.o, r.b, r.li, r.h);
-    for (long e = 0; e < d; ++e) res.max_abs = std::max(res.max_abs, std::isfinite(got[e]) ? std::abs(got[e] - want[e]) : INFINITY);
+    for (long e = 0; e < d; ++e)
+      res.max_abs = std::max(res.max_abs, std::isfinite(got[e]) ? std::abs(got[e] - want[e]) : INFINITY);
     accumulate_error(got, want, num, den);
     res.max_rel = std::max(res.max_rel, std::isnan(num) ? INFINITY : den > 0 ? std::sqrt(num / den) : std::sqrt(num));
     const double want_lse = r.l > 0 ? r.m + std::log(r.l) : -INFINITY;
     const double got_lse = device_value(t.lse, r.b, r.h, r.li);
-    const double lerr = (std::isinf(want_lse) && got_lse == want_lse) ? 0.0 : std::abs(got_lse - want_lse) / std::max(1.0, std::abs(want_lse));
+    const double lerr = (std::isinf(want_lse) && got_lse == want_lse)
+                            ? 0.0
+                            : std::abs(got_lse - want_lse) / std::max(1.0, std::abs(want_lse));
     res.max_lse = std::max(res.max_lse, std::isnan(lerr) ? INFINITY : lerr);
     if (bwd) {
       double dd = 0;  // D_i = dO_i · O_i, exact O
@@ -290,7 +295,8 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
     }
   }
   res.rows = static_cast<int>(rows.size());
-  res.max_abs = max_over(res.max_abs, comm), res.max_rel = max_over(res.max_rel, comm), res.max_lse = max_over(res.max_lse, comm);
+  res.max_abs = max_over(res.max_abs, comm), res.max_rel = max_over(res.max_rel, comm),
+  res.max_lse = max_over(res.max_lse, comm);
   MPI_Allreduce(MPI_IN_PLACE, &res.rows, 1, MPI_INT, MPI_SUM, comm);
   if (!bwd) return res;
   res.gradients = true;

@@ -1,10 +1,10 @@
 #pragma once
 // kfa-longseq: what every part of the app shares: the options, this rank's shard of the problem, the
 // tensors on the device, and small helpers.
-#include <kfa/dist/dist.hpp>
-#include <kfa/types.hpp>
 #include <mpi.h>
 #include <sys/resource.h>
+#include <kfa/distributed/dist.hpp>
+#include <kfa/types.hpp>
 
 #include <cstdint>
 #include <cstdlib>

@@ -24,8 +24,8 @@ KOKKOS_INLINE_FUNCTION double generated(std::uint64_t seed, int id, std::uint64_
 /// Two-dimensional range over (token, element of the token's row) of a [batch, n, heads, d] tensor, the
 /// element index fastest: the order of LayoutRight memory on every backend (Kokkos' default on CUDA would
 /// make every warp touch 32 rows).
-using TokenRange =
-    Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>, Kokkos::IndexType<std::int64_t>>;
+using TokenRange = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                         Kokkos::IndexType<std::int64_t>>;
 inline TokenRange token_range(std::int64_t tokens, std::int64_t row) {
   TokenRange::point_type lo{}, hi{};
   lo[0] = 0, lo[1] = 0, hi[0] = tokens, hi[1] = row;
@@ -70,8 +70,8 @@ long long first_nonfinite_local(const Tensor<T>& x) {
 /// D = dO·O of every query row), on the device.
 template <class T>
 Kokkos::View<double***, Kokkos::LayoutRight, Mem> row_dots(const Tensor<T>& a, const Tensor<T>& b) {
-  Kokkos::View<double***, Kokkos::LayoutRight, Mem> out(Kokkos::view_alloc("kfa-longseq::row_dots", Kokkos::WithoutInitializing),
-                                                        a.extent(0), a.extent(1), a.extent(2));
+  Kokkos::View<double***, Kokkos::LayoutRight, Mem> out(
+      Kokkos::view_alloc("kfa-longseq::row_dots", Kokkos::WithoutInitializing), a.extent(0), a.extent(1), a.extent(2));
   if (out.size() == 0) return out;
   const std::int64_t d = static_cast<std::int64_t>(a.extent(3)), heads = static_cast<std::int64_t>(a.extent(2));
   const T* const pa = a.data();

@@ -42,7 +42,8 @@ void for_each_block(const std::vector<long>& dims, const Shard& s, MPI_Comm comm
 
 /// Elements [offset, offset + n) of a device tensor as a flat View (LayoutRight: contiguous).
 template <class T>
-Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat_range(const Tensor<T>& x, std::size_t offset, std::size_t n) {
+Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> flat_range(const Tensor<T>& x, std::size_t offset,
+                                                                          std::size_t n) {
   return Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(x.data() + offset, n);
 }
 
@@ -68,9 +69,12 @@ void read_shard_as(kfa::io::Reader& reader, const std::string& name, const kfa::
       for (std::size_t j = 0; j < b.elements; ++j) dst[j] = static_cast<T>(buf[j]);
       return;
     }
-    if (stage.extent(0) < b.elements) stage = Kokkos::View<T*, Kokkos::HostSpace>(Kokkos::view_alloc("kfa-longseq::read_stage", Kokkos::WithoutInitializing), b.elements);
+    if (stage.extent(0) < b.elements)
+      stage = Kokkos::View<T*, Kokkos::HostSpace>(
+          Kokkos::view_alloc("kfa-longseq::read_stage", Kokkos::WithoutInitializing), b.elements);
     for (std::size_t j = 0; j < b.elements; ++j) stage(j) = static_cast<T>(buf[j]);
-    Kokkos::deep_copy(flat_range(x, b.offset, b.elements), Kokkos::subview(stage, std::make_pair(std::size_t(0), b.elements)));
+    Kokkos::deep_copy(flat_range(x, b.offset, b.elements),
+                      Kokkos::subview(stage, std::make_pair(std::size_t(0), b.elements)));
   });
 }
 
@@ -89,14 +93,16 @@ void read_shard(kfa::io::Reader& reader, const std::string& name, const kfa::io:
 /// An output dtype's name and its element type in memory.
 template <class Out>
 kfa::io::FileType file_type_of() {
-  return std::is_same<Out, double>::value ? kfa::io::FileType::float64
+  return std::is_same<Out, double>::value  ? kfa::io::FileType::float64
          : std::is_same<Out, float>::value ? kfa::io::FileType::float32
                                            : kfa::io::FileType::float16;
 }
 template <class Out>
 Out stored(double x) {
-  if constexpr (std::is_same<Out, kfa::io::Float16>::value) return kfa::io::to_float16(x);
-  else return static_cast<Out>(x);
+  if constexpr (std::is_same<Out, kfa::io::Float16>::value)
+    return kfa::io::to_float16(x);
+  else
+    return static_cast<Out>(x);
 }
 
 /// Writes x [batch, n, heads, d] as this rank's rows of dataset `name` (global `dims`), stored as Out
@@ -116,8 +122,11 @@ void write_tensor(kfa::io::Writer& w, const std::string& name, const std::vector
     }
     const T* src = x.data() + b.offset;
     if (!device_is_host && b.elements > 0) {
-      if (stage.extent(0) < b.elements) stage = Kokkos::View<T*, Kokkos::HostSpace>(Kokkos::view_alloc("kfa-longseq::write_stage", Kokkos::WithoutInitializing), b.elements);
-      Kokkos::deep_copy(Kokkos::subview(stage, std::make_pair(std::size_t(0), b.elements)), flat_range(x, b.offset, b.elements));
+      if (stage.extent(0) < b.elements)
+        stage = Kokkos::View<T*, Kokkos::HostSpace>(
+            Kokkos::view_alloc("kfa-longseq::write_stage", Kokkos::WithoutInitializing), b.elements);
+      Kokkos::deep_copy(Kokkos::subview(stage, std::make_pair(std::size_t(0), b.elements)),
+                        flat_range(x, b.offset, b.elements));
       src = stage.data();
     }
     buf.resize(b.elements);

@@ -29,7 +29,8 @@ class Json {
   Json& add(const std::string& key, const char* v) { return add(key, str(v)); }
   Json& add(const std::string& key, bool v) { return add(key, Value{v ? "true" : "false"}); }
   Json& add(const std::string& key, double v) { return add(key, num(v)); }
-  template <class I, typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value, int>::type = 0>
+  template <class I,
+            typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value, int>::type = 0>
   Json& add(const std::string& key, I v) {
     return add(key, Value{std::to_string(v)});
   }

@@ -14,12 +14,13 @@
 #include "json.hpp"
 #include "report.hpp"
 
-#include <CLI/CLI.hpp>
-#include <kfa/dist/dist.hpp>
-#include <kfa/io/hdf5.hpp>
-#include <kfa/nonfinite.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <kfa/distributed/dist.hpp>
+#include <kfa/io/hdf5.hpp>
+#include <kfa/kfa.hpp>
+#include <kfa/nonfinite.hpp>
 #ifdef KOKKOS_ENABLE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -86,23 +87,25 @@ template <class T>
 MemoryNeed memory_need(const Config& c, const Shard& s, long nmax) {
   using Acc = kfa::accumulator_t<T>;
   using U = unsigned long long;
-  const U tok = U(s.batch) * U(s.n), tokmax = U(s.batch) * U(nmax), hq = U(s.heads) * U(s.d), hkv = U(s.kv_heads) * U(s.d);
+  const U tok = U(s.batch) * U(s.n), tokmax = U(s.batch) * U(nmax), hq = U(s.heads) * U(s.d),
+          hkv = U(s.kv_heads) * U(s.d);
   MemoryNeed m;
-  m.device.add({tok, 2 * hq + 2 * hkv, sizeof(T)});          // q, k, v, o
+  m.device.add({tok, 2 * hq + 2 * hkv, sizeof(T)});             // q, k, v, o
   m.device.add({U(s.batch), U(s.heads), U(s.n), sizeof(Acc)});  // lse
-  m.device.add({tokmax, hkv, 4 * sizeof(T)});                // the ring's K/V buffers in flight (and the exchange timing's)
-  if (c.backward) m.device.add({tok, 2 * hq + 2 * hkv, sizeof(T)}).add({tokmax, hkv, 4 * sizeof(Acc)});  // do, dq, dk, dv
+  m.device.add({tokmax, hkv, 4 * sizeof(T)});  // the ring's K/V buffers in flight (and the exchange timing's)
+  if (c.backward)
+    m.device.add({tok, 2 * hq + 2 * hkv, sizeof(T)}).add({tokmax, hkv, 4 * sizeof(Acc)});  // do, dq, dk, dv
   if (c.check > 0 && c.backward) m.device.add({tok, U(s.heads), 8});  // D = dO·o of every query row
   if (!c.input.empty() || !c.output.empty())  // one I/O block: in T and in the file's type (8 bytes at most)
     m.host.add({std::min<U>(io_chunk_elements(), tok * std::max(hq, U(1))), sizeof(T) + 8});
   if (c.check > 0) {
     Bytes pass1, pass2;
-    m.check.add({U(c.check), 8 * U(s.d) + 96});  // the query rows
+    m.check.add({U(c.check), 8 * U(s.d) + 96});                     // the query rows
     if (!c.input.empty()) pass1.add({tokmax, 2 * hkv, sizeof(T)});  // K/V travelling in T
     if (c.backward) {
-      m.check.add({U(c.check), 32 * U(s.d) + 96});                       // dq and the key rows
+      m.check.add({U(c.check), 32 * U(s.d) + 96});                                  // dq and the key rows
       pass2.add({tokmax, U(s.heads), 16}).add({tok, U(s.heads), 8 + sizeof(Acc)});  // lse and D travelling, host copies
-      if (!c.input.empty()) pass2.add({tokmax, 2 * hq, sizeof(T)});     // q and dO travelling in T
+      if (!c.input.empty()) pass2.add({tokmax, 2 * hq, sizeof(T)});                 // q and dO travelling in T
     }
     m.check.add(pass1.v > pass2.v ? pass1 : pass2);  // one pass at a time
   }
@@ -125,8 +128,9 @@ std::string memory_problem(const Config& c, const Shard& s, int p, MPI_Comm comm
   Bytes host = need.host;
   host.add(need.check);
   if (device_is_host) host.add(need.device);
-  const std::string what = "kfa-longseq: " + shape_text(s) + " " + c.dtype + (c.backward ? " forward+backward" : " forward") +
-                           " on " + std::to_string(p) + " ranks needs ";
+  const std::string what = "kfa-longseq: " + shape_text(s) + " " + c.dtype +
+                           (c.backward ? " forward+backward" : " forward") + " on " + std::to_string(p) +
+                           " ranks needs ";
   const std::string advice = "; nothing was allocated: use more ranks or nodes, a shorter sequence or a smaller batch";
   MPI_Comm node;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -141,21 +145,24 @@ std::string memory_problem(const Config& c, const Shard& s, int p, MPI_Comm comm
     MPI_Comm_split(node, dev, 0, &gpu);
     int on_gpu = 1;
     MPI_Comm_size(gpu, &on_gpu);
-    double need_gpu = need.device.overflow ? 1e300 : static_cast<double>(need.device.v), free_min = static_cast<double>(free_b);
+    double need_gpu = need.device.overflow ? 1e300 : static_cast<double>(need.device.v),
+           free_min = static_cast<double>(free_b);
     MPI_Allreduce(MPI_IN_PLACE, &need_gpu, 1, MPI_DOUBLE, MPI_SUM, gpu);
     MPI_Allreduce(MPI_IN_PLACE, &free_min, 1, MPI_DOUBLE, MPI_MIN, gpu);
     MPI_Comm_free(&gpu);
     if (need.device.overflow || need_gpu > free_min) {
       std::ostringstream m;
       m << what;
-      if (need.device.overflow) m << "more bytes of device memory per rank than 64-bit arithmetic counts";
+      if (need.device.overflow)
+        m << "more bytes of device memory per rank than 64-bit arithmetic counts";
       else
         m << "at least " << need.device.v << " bytes of device memory per rank (" << std::fixed << std::setprecision(1)
           << need.device.v / 1073741824.0 << " GiB: the tensors in " << c.dtype << " and the ring's buffers), "
-          << std::setprecision(0) << need_gpu << " bytes for the " << on_gpu << " rank(s) on GPU " << dev << " of this node";
+          << std::setprecision(0) << need_gpu << " bytes for the " << on_gpu << " rank(s) on GPU " << dev
+          << " of this node";
       m << ", but that GPU has " << std::setprecision(0) << free_min << " bytes free of " << total_b << " ("
-        << std::setprecision(1) << free_min / 1073741824.0 << " of " << total_b / 1073741824.0 << " GiB, cudaMemGetInfo)"
-        << advice;
+        << std::setprecision(1) << free_min / 1073741824.0 << " of " << total_b / 1073741824.0
+        << " GiB, cudaMemGetInfo)" << advice;
       problem = m.str();
     }
   }
@@ -169,14 +176,17 @@ std::string memory_problem(const Config& c, const Shard& s, int p, MPI_Comm comm
   if (!problem.empty() || (!host.overflow && (avail == 0 || need_node <= static_cast<double>(avail)))) return problem;
   std::ostringstream m;
   m << what;
-  if (host.overflow) m << "more bytes per rank than 64-bit arithmetic counts";
+  if (host.overflow)
+    m << "more bytes per rank than 64-bit arithmetic counts";
   else
-    m << "at least " << host.v << " bytes per rank (" << std::fixed << std::setprecision(1) << host.v / 1073741824.0 << " GiB"
+    m << "at least " << host.v << " bytes per rank (" << std::fixed << std::setprecision(1) << host.v / 1073741824.0
+      << " GiB"
       << (device_is_host ? ": the tensors in " + c.dtype + ", the ring's buffers" : std::string(": host buffers"))
-      << (c.check > 0 ? ", of which --check " + std::to_string(c.check) + " rows take " + std::to_string(need.check.v) : std::string())
+      << (c.check > 0 ? ", of which --check " + std::to_string(c.check) + " rows take " + std::to_string(need.check.v)
+                      : std::string())
       << "), " << std::setprecision(0) << need_node << " bytes for the " << on_node << " rank(s) on this node";
-  m << ", but MemAvailable is " << avail << " bytes (" << std::setprecision(1) << avail / 1073741824.0 << " GiB)" << advice
-    << (c.check > 0 ? " (or fewer --check rows)" : "");
+  m << ", but MemAvailable is " << avail << " bytes (" << std::setprecision(1) << avail / 1073741824.0 << " GiB)"
+    << advice << (c.check > 0 ? " (or fewer --check rows)" : "");
   return m.str();
 }
 
@@ -210,12 +220,15 @@ Shard describe_input(const Config& c, Input& in, MPI_Comm comm) {
         fail("kfa-longseq: dataset '", pr.first, "' of ", c.input, " has rank ", pr.second->dims.size(),
              "; expected 4: [batch, seq, heads, head_dim]");
       if (pr.second->type == kfa::io::FileType::other)
-        fail("kfa-longseq: dataset '", pr.first, "' of ", c.input, " is ", pr.second->type_text, ", not float64, float32 or float16");
+        fail("kfa-longseq: dataset '", pr.first, "' of ", c.input, " is ", pr.second->type_text,
+             ", not float64, float32 or float16");
     }
     const auto &qd = in.q.dims, &kd = in.k.dims;
-    if (kd != in.v.dims) fail("kfa-longseq: datasets 'k' ", dims_text(kd), " and 'v' ", dims_text(in.v.dims), " differ");
+    if (kd != in.v.dims)
+      fail("kfa-longseq: datasets 'k' ", dims_text(kd), " and 'v' ", dims_text(in.v.dims), " differ");
     if (qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3])
-      fail("kfa-longseq: 'q' is ", dims_text(qd), " but 'k' is ", dims_text(kd), ": batch, seq and head_dim must match");
+      fail("kfa-longseq: 'q' is ", dims_text(qd), " but 'k' is ", dims_text(kd),
+           ": batch, seq and head_dim must match");
     s.batch = qd[0], s.seq = qd[1], s.heads = qd[2], s.kv_heads = kd[2], s.d = qd[3];
     if (c.backward) {
       in.d_o = in.reader->info("do");
@@ -226,10 +239,12 @@ Shard describe_input(const Config& c, Input& in, MPI_Comm comm) {
   }
   if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0)
     fail("kfa-longseq: heads = ", s.heads, " is not a multiple of kv-heads = ", s.kv_heads);
-  if (s.d % 8 != 0 || s.d < 8 || s.d > 256) fail("kfa-longseq: head_dim = ", s.d, " is unsupported (a multiple of 8 in [8, 256])");
+  if (s.d % 8 != 0 || s.d < 8 || s.d > 256)
+    fail("kfa-longseq: head_dim = ", s.d, " is unsupported (a multiple of 8 in [8, 256])");
   if (s.seq < p) fail("kfa-longseq: seq = ", s.seq, " is shorter than the ", p, " ranks");
   const bool zigzag = c.layout == "zigzag";
-  if (zigzag && s.seq < 2 * p) fail("kfa-longseq: --layout zigzag needs seq >= 2 * ranks = ", 2 * p, " but seq = ", s.seq);
+  if (zigzag && s.seq < 2 * p)
+    fail("kfa-longseq: --layout zigzag needs seq >= 2 * ranks = ", 2 * p, " but seq = ", s.seq);
   s.segs = kfa::dist::shard_of(zigzag ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous, s.seq, p, rank);
   for (const auto& sg : s.segs) s.n += sg.length;
   return s;
@@ -237,7 +252,8 @@ Shard describe_input(const Config& c, Input& in, MPI_Comm comm) {
 
 template <class T>
 Tensor<T> input_tensor(const char* label, const Shard& s, long heads) {
-  return Tensor<T>(Kokkos::view_alloc(std::string("kfa-longseq::") + label, Kokkos::WithoutInitializing), s.batch, s.n, heads, s.d);
+  return Tensor<T>(Kokkos::view_alloc(std::string("kfa-longseq::") + label, Kokkos::WithoutInitializing), s.batch, s.n,
+                   heads, s.d);
 }
 
 struct InputTimes {
@@ -249,7 +265,8 @@ struct InputTimes {
 template <class T>
 InputTimes load_inputs(const Config& c, const Shard& s, Input& in, Tensors<T>& t, MPI_Comm comm, double t_start) {
   InputTimes times;
-  t.q = input_tensor<T>("q", s, s.heads), t.k = input_tensor<T>("k", s, s.kv_heads), t.v = input_tensor<T>("v", s, s.kv_heads);
+  t.q = input_tensor<T>("q", s, s.heads), t.k = input_tensor<T>("k", s, s.kv_heads),
+  t.v = input_tensor<T>("v", s, s.kv_heads);
   if (c.backward) t.d_o = input_tensor<T>("do", s, s.heads);
   struct Named {
     const char* name;
@@ -288,7 +305,8 @@ std::string first_nonfinite(const Shard& s, const Tensor<T>& x, MPI_Comm comm) {
   }
   MPI_Allreduce(MPI_IN_PLACE, &best, 1, MPI_LONG_LONG, MPI_MIN, comm);
   if (best == LLONG_MAX) return "";
-  const long long e = best % s.d, h = best / s.d % heads, i = best / s.d / heads % s.seq, b = best / s.d / heads / s.seq;
+  const long long e = best % s.d, h = best / s.d % heads, i = best / s.d / heads % s.seq,
+                  b = best / s.d / heads / s.seq;
   return "[" + std::to_string(b) + ", " + std::to_string(i) + ", " + std::to_string(h) + ", " + std::to_string(e) + "]";
 }
 
@@ -309,8 +327,8 @@ NonFiniteCounts scan_inputs(const Config& c, const Shard& s, const Tensors<T>& t
   m << "):";
   for (size_t i = 0; i < bad.n.size(); ++i) {
     if (bad.n[i].second == 0) continue;
-    m << " dataset '" << bad.n[i].first << "'" << (c.generate ? " (generated)" : " of " + c.input) << " has " << bad.n[i].second
-      << ", the first at " << first_nonfinite(s, *xs[i], comm) << ";";
+    m << " dataset '" << bad.n[i].first << "'" << (c.generate ? " (generated)" : " of " + c.input) << " has "
+      << bad.n[i].second << ", the first at " << first_nonfinite(s, *xs[i], comm) << ";";
   }
   m << " they would make the outputs NaN; nothing was computed (--allow-nonfinite accepts them)";
   fail(m.str());
@@ -334,8 +352,9 @@ void corrupt_for_tests(const Tensors<T>& t) {
   const Tensor<T> x = w == "o" ? t.o : w == "dq" ? t.dq : w == "dk" ? t.dk : w == "dv" ? t.dv : Tensor<T>();
   if (x.size() == 0) return;
   T* const ptr = x.data();
-  Kokkos::parallel_for("kfa-longseq::corrupt_for_tests", Kokkos::RangePolicy<Exec>(0, x.size()),
-                       KOKKOS_LAMBDA(const size_t i) { ptr[i] = static_cast<T>(ptr[i] * static_cast<T>(1.001)); });
+  Kokkos::parallel_for(
+      "kfa-longseq::corrupt_for_tests", Kokkos::RangePolicy<Exec>(0, x.size()),
+      KOKKOS_LAMBDA(const size_t i) { ptr[i] = static_cast<T>(ptr[i] * static_cast<T>(1.001)); });
   Kokkos::fence();
 }
 
@@ -430,7 +449,8 @@ void write_datasets(kfa::io::Writer& w, const Config& c, const Shard& s, const T
 
 // The typed attributes of --output: the schema is documented in apps/README.md ("Output attributes"); keep
 // the two in step.
-void write_attributes(kfa::io::Writer& w, const Config& c, const Shard& s, int p, const std::string& do_source, int check_rows) {
+void write_attributes(kfa::io::Writer& w, const Config& c, const Shard& s, int p, const std::string& do_source,
+                      int check_rows) {
   w.attribute("kfa_version", KFA_VERSION_STRING);
   w.attribute("kokkos_version", kfa::compat::kokkos_version_string());
   w.attribute("mpi_version", mpi_runtime_version());
@@ -482,19 +502,23 @@ void fill_disk_for_tests(MPI_Comm comm) {
 // Writes --output to its temporary (closed, not yet renamed: commit() does that once the JSON is written
 // too). Nothing is written unless the run and its check succeeded. Collective.
 template <class T>
-std::unique_ptr<kfa::io::Writer> write_output(const Config& c, const Shard& s, const Tensors<T>& t, const std::string& do_source,
-                                              int check_rows, MPI_Comm comm) {
+std::unique_ptr<kfa::io::Writer> write_output(const Config& c, const Shard& s, const Tensors<T>& t,
+                                              const std::string& do_source, int check_rows, MPI_Comm comm) {
   int p;
   MPI_Comm_size(comm, &p);
   const std::string od = output_dtype(c);
   const unsigned long long out_size = od == "float64" ? 8 : od == "float32" ? 4 : 2, lse_size = od == "float64" ? 8 : 4;
   const unsigned long long row = static_cast<unsigned long long>(s.batch) * s.seq,
-                           bytes = row * s.heads * (s.d * out_size + lse_size) + (c.backward ? row * (s.heads + 2 * s.kv_heads) * s.d * out_size : 0);
+                           bytes = row * s.heads * (s.d * out_size + lse_size) +
+                                   (c.backward ? row * (s.heads + 2 * s.kv_heads) * s.d * out_size : 0);
   std::unique_ptr<kfa::io::Writer> w(new kfa::io::Writer(c.output, comm, bytes));
   fill_disk_for_tests(comm);
-  if (od == "float64") write_datasets<double>(*w, c, s, t, comm);
-  else if (od == "float32") write_datasets<float>(*w, c, s, t, comm);
-  else write_datasets<kfa::io::Float16>(*w, c, s, t, comm);
+  if (od == "float64")
+    write_datasets<double>(*w, c, s, t, comm);
+  else if (od == "float32")
+    write_datasets<float>(*w, c, s, t, comm);
+  else
+    write_datasets<kfa::io::Float16>(*w, c, s, t, comm);
   write_attributes(*w, c, s, p, do_source, check_rows);
   w->close();
   return w;
@@ -527,31 +551,33 @@ struct Outcome {
 
 // The report on stdout (rank 0).
 void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
-  const double flops = 4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
+  const double flops =
+      4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
   const StepSplit& split = x.comp.split;
   const bool hidden_known = split.transfer_s > 0;
   const double hidden = hidden_known ? std::max(0.0, std::min(1.0, 1.0 - split.exposed_s / split.transfer_s)) : 0.0;
   std::ostringstream rep;
-  rep << "kfa-longseq " << KFA_VERSION_STRING << " (Kokkos " << kfa::compat::kokkos_version_string() << ", " << Exec::name()
-      << ", " << kfa::io::io_mode() << ")\n"
-      << "  " << p << " ranks, " << c.layout << ", " << c.dtype << ", batch " << s.batch << ", seq " << s.seq << ", heads "
-      << s.heads << "/" << s.kv_heads << ", head_dim " << s.d << (c.causal ? ", causal" : "")
-      << (c.backward ? (c.nondeterministic ? ", forward+backward (nondeterministic dq)" : ", forward+backward") : ", forward")
+  rep << "kfa-longseq " << KFA_VERSION_STRING << " (Kokkos " << kfa::compat::kokkos_version_string() << ", "
+      << Exec::name() << ", " << kfa::io::io_mode() << ")\n"
+      << "  " << p << " ranks, " << c.layout << ", " << c.dtype << ", batch " << s.batch << ", seq " << s.seq
+      << ", heads " << s.heads << "/" << s.kv_heads << ", head_dim " << s.d << (c.causal ? ", causal" : "")
+      << (c.backward ? (c.nondeterministic ? ", forward+backward (nondeterministic dq)" : ", forward+backward")
+                     : ", forward")
       << "\n"
       << "  ring transport: " << x.comp.transport << ", messages of at most " << x.comp.max_message_bytes << " bytes\n";
   if (c.backward)
     rep << "  dO: "
         << (x.do_source == "file" ? "dataset 'do' of " + c.input
             : c.generate          ? "generated (seed " + std::to_string(c.seed) + ")"
-                                  : "generated (seed " + std::to_string(c.seed) + "): " + c.input + " has no dataset 'do'")
+                         : "generated (seed " + std::to_string(c.seed) + "): " + c.input + " has no dataset 'do'")
         << "\n";
   char line[768];
   std::snprintf(line, sizeof line, "  read %s | compute %s | check %s | write %s\n", secs(x.in.read_s).c_str(),
                 secs(x.comp.total_s).c_str(), secs(x.chk.seconds).c_str(), secs(x.write_s).c_str());
   rep << line;
   if (x.in.generate_s > 0) {
-    std::snprintf(line, sizeof line, "  generated on the device in %s (%.2f%% of compute)\n", secs(x.in.generate_s).c_str(),
-                  x.comp.total_s > 0 ? 100.0 * x.in.generate_s / x.comp.total_s : 0.0);
+    std::snprintf(line, sizeof line, "  generated on the device in %s (%.2f%% of compute)\n",
+                  secs(x.in.generate_s).c_str(), x.comp.total_s > 0 ? 100.0 * x.in.generate_s / x.comp.total_s : 0.0);
     rep << line;
   }
   std::snprintf(line, sizeof line,
@@ -575,19 +601,23 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
                   secs(split.transfer_s).c_str(), split.transfer_bytes, x.comp.exchange_bytes,
                   secs(x.comp.exchange_alone_s).c_str(), hidden * 100);
   else
-    std::snprintf(line, sizeof line, "  transfers none (%s), communication hidden n/a\n", p == 1 ? "one rank" : "no ring step sent");
+    std::snprintf(line, sizeof line, "  transfers none (%s), communication hidden n/a\n",
+                  p == 1 ? "one rank" : "no ring step sent");
   rep << line;
   std::snprintf(line, sizeof line, "  %.3f TFLOP/s, %.0f tokens/s, memory high-water %.1f MiB per rank (max)\n",
                 flops / x.comp.total_s * 1e-12, s.batch * s.seq / x.comp.total_s, x.memory_high_water_mib);
   rep << line;
-  std::snprintf(line, sizeof line, "  host memory peak %.1f MiB per rank (max), %.2fx the rank's tensors (%.1f MiB in %s%s)\n",
+  std::snprintf(line, sizeof line,
+                "  host memory peak %.1f MiB per rank (max), %.2fx the rank's tensors (%.1f MiB in %s%s)\n",
                 x.mem.peak_mib, x.mem.ratio, x.mem.tensor_mib, c.dtype.c_str(),
                 device_is_host ? "; on this host backend the tensors are host memory" : ", on the device");
   rep << line;
   const CheckResult& chk = x.chk.r;
   if (c.check > 0) {
-    std::snprintf(line, sizeof line, "  check: %d rows vs float64: max abs error %.3e, max relative error %.3e (tolerance %.0e), lse %.3e: %s\n",
-                  chk.rows, chk.max_abs, chk.max_rel, x.chk.o_tol, chk.max_lse, x.chk.ok ? "PASS" : "FAIL");
+    std::snprintf(
+        line, sizeof line,
+        "  check: %d rows vs float64: max abs error %.3e, max relative error %.3e (tolerance %.0e), lse %.3e: %s\n",
+        chk.rows, chk.max_abs, chk.max_rel, x.chk.o_tol, chk.max_lse, x.chk.ok ? "PASS" : "FAIL");
     rep << line;
     if (chk.gradients) {
       const double g = x.chk.grad_tol;
@@ -608,7 +638,8 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
 
 // The --json summary (documented in apps/README.md, "JSON summary").
 Json summary(const Config& c, const Shard& s, int p, const Outcome& x) {
-  const double flops = 4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
+  const double flops =
+      4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
   const StepSplit& split = x.comp.split;
   const bool hidden_known = split.transfer_s > 0;
   const double hidden = hidden_known ? std::max(0.0, std::min(1.0, 1.0 - split.exposed_s / split.transfer_s)) : 0.0;
@@ -710,7 +741,8 @@ int run(const Config& c, MPI_Comm comm) {
   // Non-finite results (NaN/Inf inputs let through, or scores that overflow the compute dtype): exit 4 and
   // nothing written, unless --allow-nonfinite.
   count_into(x.out_bad, "o", t.o), count_into(x.out_bad, "lse", t.lse);
-  if (c.backward) count_into(x.out_bad, "dq", t.dq), count_into(x.out_bad, "dk", t.dk), count_into(x.out_bad, "dv", t.dv);
+  if (c.backward)
+    count_into(x.out_bad, "dq", t.dq), count_into(x.out_bad, "dk", t.dk), count_into(x.out_bad, "dv", t.dv);
   allreduce(x.out_bad, comm);
   const bool finite_ok = x.out_bad.total() == 0 || c.allow_nonfinite;
   x.do_source = !c.backward ? "" : in.d_o.exists ? "file" : "generated";
@@ -729,8 +761,9 @@ int run(const Config& c, MPI_Comm comm) {
   if (rank == 0) print_report(c, s, p, x);
   if (!finite_ok) {
     if (rank == 0)
-      nothing_written(c, "kfa-longseq: " + std::to_string(x.out_bad.total()) + " non-finite result element(s) (NaN or +-Inf) from finite inputs: " +
-                             x.out_bad.text() + ": exit 4 (score overflow in " + c.dtype +
+      nothing_written(c, "kfa-longseq: " + std::to_string(x.out_bad.total()) +
+                             " non-finite result element(s) (NaN or +-Inf) from finite inputs: " + x.out_bad.text() +
+                             ": exit 4 (score overflow in " + c.dtype +
                              "? use --dtype float64 or a smaller --scale; --allow-nonfinite writes them anyway)");
     return 4;
   }
@@ -747,7 +780,10 @@ int run(const Config& c, MPI_Comm comm) {
 // and none may be the same file as --input or as another output (device + inode after links; directory +
 // name for a file not created yet), or the run would destroy the input or its own result.
 std::string output_problems(const Config& c, int ranks) {
-  struct Named { const char* option; const std::string* path; };
+  struct Named {
+    const char* option;
+    const std::string* path;
+  };
   std::vector<Named> outs;
   if (!c.output.empty()) outs.push_back({"--output", &c.output});
   if (!c.json.empty()) outs.push_back({"--json", &c.json});
@@ -799,7 +835,6 @@ void warn_stale_temporaries(const Config& c) {
 }  // namespace
 }  // namespace longseq
 
-
 int main(int argc, char** argv) {
   // No shared file pointers here: without Open MPI 4's lockedfile component, paths of any legal length open.
   kfa::io::avoid_shared_file_pointer_components();
@@ -807,12 +842,17 @@ int main(int argc, char** argv) {
   int rank = 0, status = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   longseq::Config c;
-  CLI::App app{"kfa-longseq: exact attention over one long sequence on many MPI ranks (ring attention over MPI, "
-               "HDF5 in and out, a float64 self-check and a performance report). Needs seq >= ranks (contiguous) or "
-               "seq >= 2 x ranks (zigzag). [default] after each option; sizes in tokens, elements or bytes as said."};
+  CLI::App app{
+      "kfa-longseq: exact attention over one long sequence on many MPI ranks (ring attention over MPI, "
+      "HDF5 in and out, a float64 self-check and a performance report). Needs seq >= ranks (contiguous) or "
+      "seq >= 2 x ranks (zigzag). [default] after each option; sizes in tokens, elements or bytes as said."};
   app.option_defaults()->always_capture_default();
-  auto* in = app.add_option("--input", c.input, "HDF5 file with datasets q, k, v [batch, seq, heads, head_dim] (k, v may have fewer heads; 'do' for --backward)")->check(CLI::ExistingFile);
-  auto* gen = app.add_flag("--generate", c.generate, "generate deterministic inputs instead (same tensors for any rank count)");
+  auto* in = app.add_option("--input", c.input,
+                            "HDF5 file with datasets q, k, v [batch, seq, heads, head_dim] (k, v may have fewer heads; "
+                            "'do' for --backward)")
+                 ->check(CLI::ExistingFile);
+  auto* gen =
+      app.add_flag("--generate", c.generate, "generate deterministic inputs instead (same tensors for any rank count)");
   in->excludes(gen);
   app.add_option("--batch", c.batch, "with --generate: sequences in the batch")->check(CLI::PositiveNumber);
   app.add_option("--seqlen", c.seqlen, "with --generate: sequence length in tokens")->check(CLI::PositiveNumber);
@@ -820,8 +860,11 @@ int main(int argc, char** argv) {
   app.add_option("--kv-heads", c.kv_heads, "with --generate: key/value heads, a divisor of --heads")
       ->check(CLI::NonNegativeNumber)
       ->default_str("--heads");
-  app.add_option("--head-dim", c.head_dim, "with --generate: elements per head, a multiple of 8 in [8, 256]")->check(CLI::PositiveNumber);
-  app.add_option("--seed", c.seed, "with --generate: a non-negative integer (a generated dO and --check's rows use it too; with --input it is 1)")
+  app.add_option("--head-dim", c.head_dim, "with --generate: elements per head, a multiple of 8 in [8, 256]")
+      ->check(CLI::PositiveNumber);
+  app.add_option(
+         "--seed", c.seed,
+         "with --generate: a non-negative integer (a generated dO and --check's rows use it too; with --input it is 1)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             return v.find_first_not_of("0123456789") == std::string::npos && !v.empty()
@@ -829,7 +872,8 @@ int main(int argc, char** argv) {
                        : "must be a non-negative integer, got '" + v + "'";
           },
           "NONNEGATIVE"));
-  app.add_option("--dtype", c.dtype, "compute type (inputs are rounded to it)")->check(CLI::IsMember({"float64", "float32", "float16", "bfloat16"}));
+  app.add_option("--dtype", c.dtype, "compute type (inputs are rounded to it)")
+      ->check(CLI::IsMember({"float64", "float32", "float16", "bfloat16"}));
   app.add_option("--output-dtype", c.output_dtype,
                  "element type of o, dq, dk, dv in --output, rounded to nearest (lse: float64 with float64, else "
                  "float32); bfloat16 results are stored as float32 (HDF5 has no bfloat16 type)")
@@ -839,17 +883,25 @@ int main(int argc, char** argv) {
   app.add_option("--window", c.window, "sliding window: L R keys left and right of the diagonal (-1 = unbounded)")
       ->expected(2)
       ->default_str("-1 -1");
-  app.add_option("--scale", c.scale, "softmax scale multiplying q.k")->check(CLI::NonNegativeNumber)->default_str("1/sqrt(head_dim)");
-  app.add_option("--softcap", c.softcap, "score softcap: softcap*tanh(score/softcap) (0 = off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--layout", c.layout, "how the sequence is sharded over the ranks (zigzag balances causal work)")->check(CLI::IsMember({"contiguous", "zigzag"}));
-  app.add_option("--max-message-bytes", c.max_message_bytes, "split ring messages into chunks of at most this many bytes")
+  app.add_option("--scale", c.scale, "softmax scale multiplying q.k")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("1/sqrt(head_dim)");
+  app.add_option("--softcap", c.softcap, "score softcap: softcap*tanh(score/softcap) (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--layout", c.layout, "how the sequence is sharded over the ranks (zigzag balances causal work)")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}));
+  app.add_option("--max-message-bytes", c.max_message_bytes,
+                 "split ring messages into chunks of at most this many bytes")
       ->check(CLI::Range(1L, 2147483647L))
       ->default_str("1073741824 (1 GiB)");
-  app.add_flag("--backward", c.backward, "also compute dq, dk, dv (dO from the input's dataset 'do', else generated with --seed: reported)");
-  app.add_flag("--nondeterministic", c.nondeterministic,
-               "let the backward accumulate dq with atomic adds where its kernel family can (CUDA tensor cores: faster, "
-               "dq not bitwise reproducible); default: bitwise reproducible");
-  app.add_option("--output", c.output, "write o, lse (and dq, dk, dv) and typed attributes to this HDF5 file")->default_str("none");
+  app.add_flag("--backward", c.backward,
+               "also compute dq, dk, dv (dO from the input's dataset 'do', else generated with --seed: reported)");
+  app.add_flag(
+      "--nondeterministic", c.nondeterministic,
+      "let the backward accumulate dq with atomic adds where its kernel family can (CUDA tensor cores: faster, "
+      "dq not bitwise reproducible); default: bitwise reproducible");
+  app.add_option("--output", c.output, "write o, lse (and dq, dk, dv) and typed attributes to this HDF5 file")
+      ->default_str("none");
   app.add_option("--check", c.check,
                  "check K random query rows per rank (o, lse; with --backward also dq of those rows and dk, dv of K "
                  "random key rows) against float64 from the definition (0 = no check)")
@@ -869,25 +921,32 @@ int main(int argc, char** argv) {
   app.add_option("--progress-interval", c.progress_interval,
                  "seconds: when stderr is not a terminal, a progress line after a ring step at most this often")
       ->check(CLI::NonNegativeNumber);
-  app.footer("Exit status: 0 success; 2 a refused option or input (non-finite values in q/k/v/do included, unless "
-             "--allow-nonfinite) or a failed read/write; 3 --check failed; 4 non-finite results (NaN/Inf in o, lse or "
-             "the gradients: overflow? use --dtype float64 or a smaller --scale) unless --allow-nonfinite. A non-zero "
-             "exit writes neither --output nor --json.");
+  app.footer(
+      "Exit status: 0 success; 2 a refused option or input (non-finite values in q/k/v/do included, unless "
+      "--allow-nonfinite) or a failed read/write; 3 --check failed; 4 non-finite results (NaN/Inf in o, lse or "
+      "the gradients: overflow? use --dtype float64 or a smaller --scale) unless --allow-nonfinite. A non-zero "
+      "exit writes neither --output nor --json.");
   try {
     app.parse(argc, argv);
     if (!c.generate && c.input.empty()) throw CLI::ValidationError("one of --input FILE or --generate is required");
     if (!c.generate)  // the shape comes from the file: a generate-only option would be silently ignored
       for (const char* o : {"--batch", "--seqlen", "--heads", "--kv-heads", "--head-dim", "--seed"})
         if (app.count(o) > 0)
-          throw CLI::ValidationError(std::string(o) + " applies only with --generate; with --input the shape and the "
-                                     "values come from " + c.input);
+          throw CLI::ValidationError(std::string(o) +
+                                     " applies only with --generate; with --input the shape and the "
+                                     "values come from " +
+                                     c.input);
     if (!c.window.empty() && (c.window[0] < -1 || c.window[1] < -1))
-      throw CLI::ValidationError("--window values must be >= -1, got " + std::to_string(c.window[0]) + " " + std::to_string(c.window[1]));
+      throw CLI::ValidationError("--window values must be >= -1, got " + std::to_string(c.window[0]) + " " +
+                                 std::to_string(c.window[1]));
     if (c.generate && c.kv_heads == 0) c.kv_heads = c.heads;
-    if (app.count("--output") > 0 && c.output.empty()) throw CLI::ValidationError("--output needs a file name (got an empty string)");
-    if (app.count("--json") > 0 && c.json.empty()) throw CLI::ValidationError("--json needs a file name (got an empty string)");
+    if (app.count("--output") > 0 && c.output.empty())
+      throw CLI::ValidationError("--output needs a file name (got an empty string)");
+    if (app.count("--json") > 0 && c.json.empty())
+      throw CLI::ValidationError("--json needs a file name (got an empty string)");
     if (app.count("--check-tol") > 0 && c.check == 0) throw CLI::ValidationError("--check-tol needs --check K");
-    if (app.count("--output-dtype") > 0 && c.output.empty()) throw CLI::ValidationError("--output-dtype needs --output FILE");
+    if (app.count("--output-dtype") > 0 && c.output.empty())
+      throw CLI::ValidationError("--output-dtype needs --output FILE");
     // Decided on rank 0 and broadcast, so every rank ends the same way before any work.
     int ranks = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -899,24 +958,32 @@ int main(int argc, char** argv) {
     if (!problem.empty()) throw CLI::ValidationError(problem);
     if (rank == 0) longseq::warn_stale_temporaries(c);
   } catch (const CLI::ParseError& e) {
-    if (rank == 0) status = app.exit(e);
-    else status = e.get_exit_code();
+    if (rank == 0)
+      status = app.exit(e);
+    else
+      status = e.get_exit_code();
     MPI_Finalize();
     return status == 0 ? 0 : 2;
   }
   {
     Kokkos::ScopeGuard guard(argc, argv);
     try {
-      if (c.dtype == "float64") status = longseq::run<double>(c, MPI_COMM_WORLD);
-      else if (c.dtype == "float32") status = longseq::run<float>(c, MPI_COMM_WORLD);
+      if (c.dtype == "float64")
+        status = longseq::run<double>(c, MPI_COMM_WORLD);
+      else if (c.dtype == "float32")
+        status = longseq::run<float>(c, MPI_COMM_WORLD);
 #if KFA_HAS_HALF
-      else if (c.dtype == "float16") status = longseq::run<kfa::compat::half_t>(c, MPI_COMM_WORLD);
+      else if (c.dtype == "float16")
+        status = longseq::run<kfa::compat::half_t>(c, MPI_COMM_WORLD);
 #endif
 #if KFA_HAS_BHALF
-      else if (c.dtype == "bfloat16") status = longseq::run<kfa::compat::bhalf_t>(c, MPI_COMM_WORLD);
+      else if (c.dtype == "bfloat16")
+        status = longseq::run<kfa::compat::bhalf_t>(c, MPI_COMM_WORLD);
 #endif
-      else longseq::fail("kfa-longseq: --dtype ", c.dtype, " is not supported by this Kokkos build (", Kokkos::DefaultExecutionSpace::name(),
-                             ": its half/bfloat16 are plain float on host backends); use float32 or float64");
+      else
+        longseq::fail("kfa-longseq: --dtype ", c.dtype, " is not supported by this Kokkos build (",
+                      Kokkos::DefaultExecutionSpace::name(),
+                      ": its half/bfloat16 are plain float on host backends); use float32 or float64");
     } catch (const kfa::Error& e) {
       if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
       status = 2;

@@ -4,8 +4,8 @@
 #include "common.hpp"
 #include "json.hpp"
 
-#include <kfa/nonfinite.hpp>
 #include <unistd.h>
+#include <kfa/nonfinite.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -47,7 +47,10 @@ inline std::string mpi_runtime_version() {
 class Progress {
  public:
   Progress(const Config& c, int rank, int ranks)
-      : m_on(rank == 0 && !c.quiet), m_bar(c.progress || isatty(2)), m_interval(c.progress_interval), m_ranks(ranks),
+      : m_on(rank == 0 && !c.quiet),
+        m_bar(c.progress || isatty(2)),
+        m_interval(c.progress_interval),
+        m_ranks(ranks),
         m_backward(c.backward) {}
   void start(double t0) {
     m_t0 = m_last = t0;
@@ -68,9 +71,12 @@ class Progress {
  private:
   static std::string duration(double sec) {
     char b[32];
-    if (sec < 120) std::snprintf(b, sizeof b, "%.1f s", sec);
-    else if (sec < 7200) std::snprintf(b, sizeof b, "%dm%02ds", int(sec) / 60, int(sec) % 60);
-    else std::snprintf(b, sizeof b, "%dh%02dm", int(sec) / 3600, int(sec) / 60 % 60);
+    if (sec < 120)
+      std::snprintf(b, sizeof b, "%.1f s", sec);
+    else if (sec < 7200)
+      std::snprintf(b, sizeof b, "%dm%02ds", int(sec) / 60, int(sec) % 60);
+    else
+      std::snprintf(b, sizeof b, "%dh%02dm", int(sec) / 3600, int(sec) / 60 % 60);
     return b;
   }
   void step(const char* pass, double fraction, int done, int all) {
@@ -119,8 +125,8 @@ double step_sync(const S&, long) {
 struct StepSplit {
   double steps_s = 0, compute_s = 0, imbalance_s = 0, exposed_s = 0, transfer_s = 0, transfer_bytes = 0;
 };
-inline StepSplit split_steps(std::initializer_list<const kfa::dist::RingStats*> stats, double t_exchange, double exchange_bytes,
-                      MPI_Comm comm) {
+inline StepSplit split_steps(std::initializer_list<const kfa::dist::RingStats*> stats, double t_exchange,
+                             double exchange_bytes, MPI_Comm comm) {
   int p;
   MPI_Comm_size(comm, &p);
   std::vector<double> mine;  // per step: busy, wait, bytes sent
@@ -178,6 +184,5 @@ inline void allreduce(NonFiniteCounts& c, MPI_Comm comm) {
   MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
   for (size_t i = 0; i < v.size(); ++i) c.n[i].second = v[i];
 }
-
 
 }  // namespace longseq

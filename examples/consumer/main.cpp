@@ -9,8 +9,9 @@ int main(int argc, char** argv) {
   bool kokkos_help = false;
   for (int i = 1; i < argc; ++i) {  // no options of its own but --help; Kokkos' --kokkos-* pass through
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::printf("kfa_consumer: one forward through an installed kfa, one value checked by hand\n"
-                  "Usage: kfa_consumer [--kokkos-*] (Kokkos' options: --kokkos-help)\n");
+      std::printf(
+          "kfa_consumer: one forward through an installed kfa, one value checked by hand\n"
+          "Usage: kfa_consumer [--kokkos-*] (Kokkos' options: --kokkos-help)\n");
       return 0;
     }
     if (std::strncmp(argv[i], "--kokkos-", 9) != 0) {

@@ -64,8 +64,7 @@ void check_forward(const char* fn, const QV& q, const KV& k, const VV& v, const 
   check_no_alias(fn, "lse", lse, "v", v);
   check_no_alias(fn, "lse", lse, "o", o);
 }
-template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
-          class DVV>
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
 void static_check_backward() {
   static_check_view<ExecSpace, QV, 4, false>();
   static_check_view<ExecSpace, KV, 4, false>();
@@ -124,7 +123,6 @@ TileConfig forward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
                                              static_cast<long>(q.extent(0) * q.extent(2)), opts);
 }
 
-
 namespace detail {
 /// What a forward family looks at to decide whether it can run a call, size its tiles and launch it.
 template <class ExecSpace, class QV, class KV, class VV, class OV>
@@ -147,7 +145,14 @@ struct ForwardCall {
   std::string views_why;  ///< why the tensor-core kernels cannot read or write these views ("" when they can)
   ForwardCall(const char* f, const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const OV& o_,
               const AttentionOptions& op)
-      : fn(f), space(s), q(q_), k(k_), v(v_), o(o_), opts(op), d(static_cast<int>(q_.extent(3))),
+      : fn(f),
+        space(s),
+        q(q_),
+        k(k_),
+        v(v_),
+        o(o_),
+        opts(op),
+        d(static_cast<int>(q_.extent(3))),
         seq_k(static_cast<long>(k_.extent(1))) {
     tc_add_forward_view_problems(views_why, q, k, v, o);
   }
@@ -166,10 +171,6 @@ forward_call(const char* fn, const ExecSpace& space, const QV& q, const KV& k, c
              const AttentionOptions& opts) {
   return {fn, space, q, k, v, o, opts};
 }
-
-
-
-
 
 template <class Call>
 ForwardPlan forward_plan(const char* fn, const Call& c) {
@@ -236,12 +237,10 @@ template <class ExecSpace, class QV, class KV>
 BackwardTileConfig backward_tile_config(const ExecSpace& space, const QV& q, const KV& k,
                                         const AttentionOptions& opts = {}) {
   using Acc = accumulator_t<typename QV::non_const_value_type>;
-  return backward_tile_config<ExecSpace, Acc>(space, static_cast<int>(q.extent(3)), static_cast<long>(q.extent(1)),
-                                              static_cast<long>(k.extent(1)),
-                                              static_cast<long>(q.extent(0) * q.extent(2)),
-                                              static_cast<long>(k.extent(0) * k.extent(2)), opts);
+  return backward_tile_config<ExecSpace, Acc>(
+      space, static_cast<int>(q.extent(3)), static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1)),
+      static_cast<long>(q.extent(0) * q.extent(2)), static_cast<long>(k.extent(0) * k.extent(2)), opts);
 }
-
 
 namespace detail {
 /// D[b, h, i] = Σ_c dO ∘ O over the rows of o, in the accumulation type (the backward's row term).
@@ -249,17 +248,20 @@ template <class ExecSpace, class OV, class DOV>
 Kokkos::View<accumulator_t<typename OV::non_const_value_type>***, Kokkos::LayoutRight, typename ExecSpace::memory_space>
 backward_row_dot(const ExecSpace& space, const OV& o, const DOV& d_o) {
   using Acc = accumulator_t<typename OV::non_const_value_type>;
-  const int batch = static_cast<int>(o.extent(0)), nq = static_cast<int>(o.extent(1)), hq = static_cast<int>(o.extent(2));
+  const int batch = static_cast<int>(o.extent(0)), nq = static_cast<int>(o.extent(1)),
+            hq = static_cast<int>(o.extent(2));
   Kokkos::View<Acc***, Kokkos::LayoutRight, typename ExecSpace::memory_space> dd(
       Kokkos::view_alloc(space, Kokkos::WithoutInitializing, "kfa::attention_backward::D"), batch, hq, nq);
-  // One warp per row on a GPU (before: one thread per row over a rank-3 MDRange, each thread reading its own
-  // row, d elements apart from its neighbours'; perf/RESULTS.md has what it cost).
+  // One warp per row on a GPU: coalesced reads of each row (one thread per row would read d elements apart
+  // from its neighbours').
   for_each_row_sum4<Acc>(
       "kfa::attention_backward::D", space, o,
       KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const std::int64_t c) {
         return static_cast<Acc>(d_o(b, i, h, c)) * static_cast<Acc>(o(b, i, h, c));
       },
-      KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const Acc s) { dd(b, h, i) = s; });
+      KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const Acc s) {
+        dd(b, h, i) = s;
+      });
   return dd;
 }
 
@@ -288,7 +290,16 @@ struct BackwardCall {
   int d;
   BackwardCall(const char* f, const ExecSpace& s, const QV& q_, const KV& k_, const VV& v_, const DOV& do_,
                const DQV& dq_, const DKV& dk_, const DVV& dv_, const AttentionOptions& op)
-      : fn(f), space(s), q(q_), k(k_), v(v_), d_o(do_), dq(dq_), dk(dk_), dv(dv_), opts(op),
+      : fn(f),
+        space(s),
+        q(q_),
+        k(k_),
+        v(v_),
+        d_o(do_),
+        dq(dq_),
+        dk(dk_),
+        dv(dv_),
+        opts(op),
         d(static_cast<int>(q_.extent(3))) {}
 };
 
@@ -301,7 +312,6 @@ backward_call(const char* fn, const ExecSpace& space, const QV& q, const KV& k, 
               const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
   return {fn, space, q, k, v, d_o, dq, dk, dv, opts};
 }
-
 
 /// The backward's plan: one tensor-core family serves every 16-bit forward family (opts.path tensor_core_team,
 /// tensor_core_fa2 and tensor_core_wgmma name it; its kernels are the wgmma ones where those can run, except
@@ -317,9 +327,10 @@ BackwardPlan backward_plan(const char* fn, const Call& c) {
   plan.family = choose_family<BackwardFamilies>(fn, c, asked, shown);
   with_family<BackwardFamilies>(plan.family, [&](auto family) { decltype(family)::plan(c, plan); });
   plan.region = std::string(fn) + "[" + to_string(plan.family) +
-                (plan.atomic_dq ? ",atomic_dq," : plan.wgmma ? ",wgmma," : ",") +
-                dtype_name<typename Call::T>() + ",d" + std::to_string(c.d) + "," +
-                to_string(plan.tiles) + "]";
+                (plan.atomic_dq ? ",atomic_dq,"
+                 : plan.wgmma   ? ",wgmma,"
+                                : ",") +
+                dtype_name<typename Call::T>() + ",d" + std::to_string(c.d) + "," + to_string(plan.tiles) + "]";
   return plan;
 }
 
@@ -346,8 +357,7 @@ bool backward_run(const Call& c, const LV& lse, const DD& dd, const Positions& p
   const KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
   const auto args =
       backward_args(c.q, c.k, c.v, c.d_o, lse, dd, c.dq, c.dk, c.dv, scale, static_cast<Acc>(opts.softcap), mask);
-  with_family<BackwardFamilies>(plan.family,
-                                [&](auto family) { decltype(family)::launch(c, args, plan, parts); });
+  with_family<BackwardFamilies>(plan.family, [&](auto family) { decltype(family)::launch(c, args, plan, parts); });
   return wrote_dq;
 }
 
@@ -365,8 +375,7 @@ bool backward_impl_d(const char* fn, const ExecSpace& space, const QV& q, const 
 
 /// attention_backward after its checks, for a block at `pos` of a longer sequence (lse and o of the whole
 /// rows, so P and D are exact): overwrites dq, dk, dv with this block's contributions.
-template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
-          class DVV>
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
 void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                    const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
                    const AttentionOptions& opts, const Positions& pos) {
@@ -380,8 +389,8 @@ void backward_impl(const char* fn, const ExecSpace& space, const QV& q, const KV
 /// Which kernel family attention_backward(space, q, k, v, o, d_o, lse, dq, dk, dv, opts) runs, with its
 /// tiles and profiling region; throws the kfa::Error the call would throw when opts.path cannot be honoured.
 template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, class DKV, class DVV>
-BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o,
-                           const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts = {}) {
+BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const DOV& d_o, const DQV& dq,
+                           const DKV& dk, const DVV& dv, const AttentionOptions& opts = {}) {
   constexpr const char* fn = "kfa::attention_backward";
   detail::check_qkv_and_options(fn, q, k, v, opts);
   detail::check_extents(fn, "d_o", d_o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
@@ -397,11 +406,9 @@ BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, con
 /// atomics; dK and dV of a shared KV head are summed over its query heads in a fixed order; allocates only
 /// D = rowsum(dO ∘ O) [batch, heads_q, seq_q]. With opts.deterministic = false the tensor-core family
 /// accumulates dq with atomics (faster; see AttentionOptions::deterministic). Asynchronous on `space`.
-template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
-          class DVV>
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
 void attention_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,
-                        const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
-                        const AttentionOptions& opts = {}) {
+                        const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts = {}) {
   detail::static_check_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV>();
   constexpr const char* fn = "kfa::attention_backward";
   detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts);

@@ -44,18 +44,18 @@ using bhalf_t = Kokkos::Experimental::bhalf_t;
 // Math: Kokkos 3.4 keeps these in Kokkos::Experimental, 4.x in Kokkos.
 #if KOKKOS_VERSION >= 40000
 using Kokkos::exp;
+using Kokkos::isfinite;
+using Kokkos::isinf;
+using Kokkos::isnan;
 using Kokkos::log;
 using Kokkos::tanh;
-using Kokkos::isnan;
-using Kokkos::isinf;
-using Kokkos::isfinite;
 #else
 using Kokkos::Experimental::exp;
+using Kokkos::Experimental::isfinite;
+using Kokkos::Experimental::isinf;
+using Kokkos::Experimental::isnan;
 using Kokkos::Experimental::log;
 using Kokkos::Experimental::tanh;
-using Kokkos::Experimental::isnan;
-using Kokkos::Experimental::isinf;
-using Kokkos::Experimental::isfinite;
 #endif
 
 /// +inf of a floating-point type, usable on device (Kokkos moved infinity<T> between versions).

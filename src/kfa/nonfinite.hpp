@@ -51,14 +51,17 @@ std::size_t count_nonfinite(const ExecSpace& space, const View& v) {
   if constexpr (View::rank == 4) {
     Kokkos::parallel_reduce(
         "kfa::count_nonfinite", detail::range_like(space, v),
-        KOKKOS_LAMBDA(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t e, std::size_t& acc) {
+        KOKKOS_LAMBDA(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t e, std::size_t & acc) {
           acc += detail::nonfinite_one<T>(v(a, b, c, e));
         },
         n);
   } else {
     Kokkos::parallel_reduce(
         "kfa::count_nonfinite", detail::range_like(space, v),
-        KOKKOS_LAMBDA(std::int64_t a, std::int64_t b, std::int64_t c, std::size_t& acc) { acc += detail::nonfinite_one<T>(v(a, b, c)); }, n);
+        KOKKOS_LAMBDA(std::int64_t a, std::int64_t b, std::int64_t c, std::size_t & acc) {
+          acc += detail::nonfinite_one<T>(v(a, b, c));
+        },
+        n);
   }
   space.fence();
   return n;

@@ -36,14 +36,10 @@ template <class T>
 struct SoftmaxState {
   T m;  ///< running maximum (−inf when no key seen)
   T l;  ///< running denominator at m
-  KOKKOS_INLINE_FUNCTION static SoftmaxState empty() {
-    return {-compat::infinity<T>(), T(0)};
-  }
+  KOKKOS_INLINE_FUNCTION static SoftmaxState empty() { return {-compat::infinity<T>(), T(0)}; }
   /// Natural-log log-sum-exp of the row: m + log ℓ, or −inf for an empty row (ℓ = 0). A NaN ℓ (a NaN score:
   /// NaN in q or k) gives NaN, not −inf, so the bad input shows in lse as in o.
-  KOKKOS_INLINE_FUNCTION T lse() const {
-    return l == T(0) ? -compat::infinity<T>() : m + compat::log(l);
-  }
+  KOKKOS_INLINE_FUNCTION T lse() const { return l == T(0) ? -compat::infinity<T>() : m + compat::log(l); }
 };
 
 /// Merges (m_b, ℓ_b) into `a` and returns the factors to apply to O_a and O_b.

@@ -8,29 +8,29 @@ namespace kfa {
 /// kfa::plan_forward / kfa::plan_backward (attention.hpp) say which family a call will run, its tiles and
 /// its profiling region.
 enum class TileProductPath {
-  automatic,    ///< the fastest family that can run these inputs: tensor_core_wgmma, tensor_core_fa2,
-                ///< tensor_core_team, tensor_core_tf32x3, simt_fp32, portable (in that order; the backward:
-                ///< tensor_core, tensor_core_tf32x3, simt_fp32, portable)
-  portable,     ///< team/vector loops that every backend runs (the reference path)
-  tensor_core,  ///< the fastest tensor-core family (forward: tensor_core_wgmma, tensor_core_fa2, else
-                ///< tensor_core_team): CUDA
-                ///< sm_80+, half/bfloat16, head dim 64, 96, 128 or 256 (256: FA2-layout kernels only, the
-                ///< backward where the device has 216 KB of shared memory per block), unit head-dim stride and
-                ///< 16-byte-aligned rows
-  tensor_core_team,  ///< forward: the Kokkos team kernel on tensor cores (16 rows per warp, 40 KB of team
-                     ///< scratch); the backward runs the tensor-core backward without its wgmma kernels
-  tensor_core_fa2,   ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
-                     ///< natively with opt-in shared memory; the backward runs the tensor-core backward
-                     ///< without its wgmma kernels (the FA2-layout ones)
-  simt_fp32,    ///< the CUDA fp32 kernels, forward and backward (float, head dim 64/128, no block override)
+  automatic,           ///< the fastest family that can run these inputs: tensor_core_wgmma, tensor_core_fa2,
+                       ///< tensor_core_team, tensor_core_tf32x3, simt_fp32, portable (in that order; the backward:
+                       ///< tensor_core, tensor_core_tf32x3, simt_fp32, portable)
+  portable,            ///< team/vector loops that every backend runs (the reference path)
+  tensor_core,         ///< the fastest tensor-core family (forward: tensor_core_wgmma, tensor_core_fa2, else
+                       ///< tensor_core_team): CUDA
+                       ///< sm_80+, half/bfloat16, head dim 64, 96, 128 or 256 (256: FA2-layout kernels only, the
+                       ///< backward where the device has 216 KB of shared memory per block), unit head-dim stride and
+                       ///< 16-byte-aligned rows
+  tensor_core_team,    ///< forward: the Kokkos team kernel on tensor cores (16 rows per warp, 40 KB of team
+                       ///< scratch); the backward runs the tensor-core backward without its wgmma kernels
+  tensor_core_fa2,     ///< forward: FlashAttention-2's layout (128-row Q block in shared memory), launched
+                       ///< natively with opt-in shared memory; the backward runs the tensor-core backward
+                       ///< without its wgmma kernels (the FA2-layout ones)
+  simt_fp32,           ///< the CUDA fp32 kernels, forward and backward (float, head dim 64/128, no block override)
   tensor_core_tf32x3,  ///< float on tensor cores in 3xTF32, forward and backward (each product split in three
                        ///< tf32 mma, about 2^-20 relative error per product; what torch's memory-efficient
                        ///< backend does for float): CUDA sm_80+, head dim 64, 96 or 128, no block override
-  tensor_core_wgmma,  ///< forward: the FA2 layout on Hopper's warpgroup MMA (wgmma, 64 rows per warpgroup,
-                      ///< operands from 128-byte-swizzled shared memory): half/bfloat16, head dim 64 or 128, a
-                      ///< compute capability 9.0 device and a build with sm_90a code (KFA_ENABLE_SM90A); the
-                      ///< backward runs the tensor-core backward, on wgmma where that can run (deterministic,
-                      ///< head dim 64/128; BackwardPlan::wgmma)
+  tensor_core_wgmma,   ///< forward: the FA2 layout on Hopper's warpgroup MMA (wgmma, 64 rows per warpgroup,
+                       ///< operands from 128-byte-swizzled shared memory): half/bfloat16, head dim 64 or 128, a
+                       ///< compute capability 9.0 device and a build with sm_90a code (KFA_ENABLE_SM90A); the
+                       ///< backward runs the tensor-core backward, on wgmma where that can run (deterministic,
+                       ///< head dim 64/128; BackwardPlan::wgmma)
 };
 
 /// Options shared by every attention entry point. Defaults give plain softmax(q kᵀ / sqrt(d)) v.
@@ -65,14 +65,22 @@ struct AttentionOptions {
 /// Name of a tile-product path as it appears in profiling regions and in opts.path's messages.
 inline std::string to_string(TileProductPath p) {
   switch (p) {
-    case TileProductPath::automatic: return "automatic";
-    case TileProductPath::portable: return "portable";
-    case TileProductPath::tensor_core: return "tensor_core";
-    case TileProductPath::tensor_core_team: return "tensor_core_team";
-    case TileProductPath::tensor_core_fa2: return "tensor_core_fa2";
-    case TileProductPath::simt_fp32: return "simt_fp32";
-    case TileProductPath::tensor_core_tf32x3: return "tensor_core_tf32x3";
-    case TileProductPath::tensor_core_wgmma: return "tensor_core_wgmma";
+    case TileProductPath::automatic:
+      return "automatic";
+    case TileProductPath::portable:
+      return "portable";
+    case TileProductPath::tensor_core:
+      return "tensor_core";
+    case TileProductPath::tensor_core_team:
+      return "tensor_core_team";
+    case TileProductPath::tensor_core_fa2:
+      return "tensor_core_fa2";
+    case TileProductPath::simt_fp32:
+      return "simt_fp32";
+    case TileProductPath::tensor_core_tf32x3:
+      return "tensor_core_tf32x3";
+    case TileProductPath::tensor_core_wgmma:
+      return "tensor_core_wgmma";
   }
   return "unknown";
 }

@@ -28,9 +28,8 @@ namespace kfa {
 template <class ExecSpace, class T>
 struct has_tensor_core_path : std::false_type {};
 
-#if defined(KOKKOS_ENABLE_CUDA) &&                                                                          \
-    (defined(KOKKOS_ARCH_AMPERE) || defined(KOKKOS_ARCH_ADA89) || defined(KOKKOS_ARCH_HOPPER) ||           \
-     defined(KOKKOS_ARCH_BLACKWELL))
+#if defined(KOKKOS_ENABLE_CUDA) && (defined(KOKKOS_ARCH_AMPERE) || defined(KOKKOS_ARCH_ADA89) || \
+                                    defined(KOKKOS_ARCH_HOPPER) || defined(KOKKOS_ARCH_BLACKWELL))
 #define KFA_HAS_TENSOR_CORES 1
 #if KFA_HAS_HALF
 template <>

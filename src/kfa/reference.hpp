@@ -20,8 +20,8 @@ namespace kfa {
 namespace compat {
 /// C = alpha op(A) op(B) + beta C on `space` (KokkosBlas::gemm; kernels_call holds the Kokkos 3.4 quirk).
 template <class ExecSpace, class AV, class BV, class CV, class Scalar>
-void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a,
-          const BV& b, Scalar beta, const CV& c) {
+void gemm(const ExecSpace& space, const char* trans_a, const char* trans_b, Scalar alpha, const AV& a, const BV& b,
+          Scalar beta, const CV& c) {
   kernels_call(space, [&](const auto&... on) { KokkosBlas::gemm(on..., trans_a, trans_b, alpha, a, b, beta, c); });
 }
 }  // namespace compat
@@ -54,7 +54,8 @@ void reference_attention(const ExecSpace& space, const QV& q, const KV& k, const
   using Acc = accumulator_t<T>;
   using Mem = typename ExecSpace::memory_space;
   using Mat = Kokkos::View<Acc**, Kokkos::LayoutRight, Mem>;
-  compat::ScopedRegion region(std::string(fn) + "[materialized," + dtype_name<T>() + ",d" + std::to_string(q.extent(3)) + "]");
+  compat::ScopedRegion region(std::string(fn) + "[materialized," + dtype_name<T>() + ",d" +
+                              std::to_string(q.extent(3)) + "]");
   const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
   const int hq = static_cast<int>(q.extent(2)), d = static_cast<int>(q.extent(3));
   const int nk = static_cast<int>(k.extent(1)), group = hq > 0 ? hq / static_cast<int>(k.extent(2)) : 1;
@@ -78,13 +79,15 @@ void reference_attention(const ExecSpace& space, const QV& q, const KV& k, const
           KOKKOS_LAMBDA(const int i, const int c) { qh(i, c) = static_cast<Acc>(q(b, i, h, c)); });
       if (nk > 0)
         Kokkos::parallel_for(
-            "kfa::reference_attention::load_kv", Range2(space, {0, 0}, {nk, d}), KOKKOS_LAMBDA(const int j, const int c) {
+            "kfa::reference_attention::load_kv", Range2(space, {0, 0}, {nk, d}),
+            KOKKOS_LAMBDA(const int j, const int c) {
               kh(j, c) = static_cast<Acc>(k(b, j, hk, c));
               vh(j, c) = static_cast<Acc>(v(b, j, hk, c));
             });
       if (nk > 0) compat::gemm(space, "N", "T", scale, qh, kh, Acc(0), s);
       Kokkos::parallel_for(
-          "kfa::reference_attention::softmax", Kokkos::RangePolicy<ExecSpace>(space, 0, nq), KOKKOS_LAMBDA(const int i) {
+          "kfa::reference_attention::softmax", Kokkos::RangePolicy<ExecSpace>(space, 0, nq),
+          KOKKOS_LAMBDA(const int i) {
             const Acc mx = detail::finish_score_row(s, i, nk, softcap, mask);
             Acc sum = 0;
             for (int j = 0; j < nk; ++j) {
@@ -111,8 +114,7 @@ void reference_attention(const ExecSpace& space, const QV& q, const KV& k, const
 /// (batch, head) at a time), dS = P ∘ (dP − rowsum(P ∘ dP)), and the four products go through Kokkos
 /// Kernels gemm. Shapes and options as attention_backward; o and lse are accepted for the same signature
 /// but not needed (P is recomputed from scratch, as autograd of the materialized forward would).
-template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV,
-          class DVV>
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
 void reference_attention_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
                                   const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
                                   const AttentionOptions& opts = {}) {
@@ -123,7 +125,8 @@ void reference_attention_backward(const ExecSpace& space, const QV& q, const KV&
   using Acc = accumulator_t<T>;
   using Mem = typename ExecSpace::memory_space;
   using Mat = Kokkos::View<Acc**, Kokkos::LayoutRight, Mem>;
-  compat::ScopedRegion region(std::string(fn) + "[materialized," + dtype_name<T>() + ",d" + std::to_string(q.extent(3)) + "]");
+  compat::ScopedRegion region(std::string(fn) + "[materialized," + dtype_name<T>() + ",d" +
+                              std::to_string(q.extent(3)) + "]");
   const int batch = static_cast<int>(q.extent(0)), nq = static_cast<int>(q.extent(1));
   const int hq = static_cast<int>(q.extent(2)), d = static_cast<int>(q.extent(3));
   const int nk = static_cast<int>(k.extent(1)), hkv = static_cast<int>(k.extent(2));
@@ -139,12 +142,16 @@ void reference_attention_backward(const ExecSpace& space, const QV& q, const KV&
   const Acc softcap = static_cast<Acc>(opts.softcap);
   const detail::KeyMask mask(nq, nk, opts.causal, opts.window_left, opts.window_right);
   auto alloc = [&](const std::string& label, int r, int c) { return Mat(Kokkos::view_alloc(space, label), r, c); };
-  Mat qh = alloc("kfa::reference_attention_backward::q", nq, d), doh = alloc("kfa::reference_attention_backward::do", nq, d);
-  Mat kh = alloc("kfa::reference_attention_backward::k", nk, d), vh = alloc("kfa::reference_attention_backward::v", nk, d);
-  Mat s = alloc("kfa::reference_attention_backward::s", nq, nk), p = alloc("kfa::reference_attention_backward::p", nq, nk);
+  Mat qh = alloc("kfa::reference_attention_backward::q", nq, d),
+      doh = alloc("kfa::reference_attention_backward::do", nq, d);
+  Mat kh = alloc("kfa::reference_attention_backward::k", nk, d),
+      vh = alloc("kfa::reference_attention_backward::v", nk, d);
+  Mat s = alloc("kfa::reference_attention_backward::s", nq, nk),
+      p = alloc("kfa::reference_attention_backward::p", nq, nk);
   Mat dp = alloc("kfa::reference_attention_backward::dp", nq, nk);
   Mat dqh = alloc("kfa::reference_attention_backward::dq", nq, d);
-  Mat dkh = alloc("kfa::reference_attention_backward::dk", nk, d), dvh = alloc("kfa::reference_attention_backward::dv", nk, d);
+  Mat dkh = alloc("kfa::reference_attention_backward::dk", nk, d),
+      dvh = alloc("kfa::reference_attention_backward::dv", nk, d);
   using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>;
 
   for (int b = 0; b < batch; ++b)

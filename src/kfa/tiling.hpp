@@ -18,11 +18,11 @@ namespace kfa {
 
 /// The tile configuration chosen for one call; queryable with forward_tile_config().
 struct TileConfig {
-  int block_q = 0;              ///< query rows per team
-  int block_k = 0;              ///< keys per streamed K/V tile
-  int team_size = 0;            ///< threads per team
-  std::size_t scratch_l0 = 0;   ///< level-0 bytes per team (K and V tiles)
-  std::size_t scratch_l1 = 0;   ///< level-1 bytes per team (Q, O, S tiles and row state)
+  int block_q = 0;                 ///< query rows per team
+  int block_k = 0;                 ///< keys per streamed K/V tile
+  int team_size = 0;               ///< threads per team
+  std::size_t scratch_l0 = 0;      ///< level-0 bytes per team (K and V tiles)
+  std::size_t scratch_l1 = 0;      ///< level-1 bytes per team (Q, O, S tiles and row state)
   std::size_t scratch_l0_max = 0;  ///< what the backend allows at level 0
 };
 
@@ -68,8 +68,8 @@ constexpr bool is_host_space() {
 /// The forward kernel's tiles for this execution space, element type and problem. Throws kfa::Error when
 /// a user override (opts.block_q / block_k) is not a multiple of 8 or does not fit the scratch budget.
 template <class ExecSpace, class Acc>
-TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q, long seq_k,
-                               long batch_heads, const AttentionOptions& opts) {
+TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q, long seq_k, long batch_heads,
+                               const AttentionOptions& opts) {
   const char* fn = "kfa::forward_tile_config";
   constexpr std::size_t eb = sizeof(Acc);
   TileConfig t;
@@ -126,7 +126,7 @@ namespace detail {
 /// dP[bq][bk], lse[bq], D[bq]. dQ kernel (one team per query block, streaming key blocks): level 0
 /// K[bk][d], V[bk][d]; level 1 Qᵀ[d][bq], dOᵀ[d][bq], dQ[bq][d], Sᵀ[bk][bq], dPᵀ[bk][bq], lse[bq], D[bq].
 struct BackwardScratchLayout {
-  std::size_t a, b, l0_total;                    // the two streamed tiles
+  std::size_t a, b, l0_total;  // the two streamed tiles
   std::size_t ta, tb, acc_a, acc_b, s, dp, lse, dd, l1_total;
   KOKKOS_INLINE_FUNCTION BackwardScratchLayout(int streamed, int owned, int d, std::size_t eb) {
     a = 0;
@@ -184,7 +184,8 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
   const bool host = detail::is_host_space<ExecSpace>();
   const int team_size = host ? 1 : 128;
   auto l0_bytes = [&](int streamed) {
-    return detail::scratch_view_bytes<ExecSpace, Acc>(detail::BackwardScratchLayout(streamed, 8, head_dim, eb).l0_total);
+    return detail::scratch_view_bytes<ExecSpace, Acc>(
+        detail::BackwardScratchLayout(streamed, 8, head_dim, eb).l0_total);
   };
   // Streamed block: the override, else the largest multiple of 8 (4 if not even 8 fit) within budget.
   auto streamed = [&](int override_value, const char* name, long extent) {

@@ -9,7 +9,8 @@ namespace kfa {
 
 /// True for the element types attention accepts: double, float, half and bfloat16 (where Kokkos has them).
 template <class T>
-struct is_supported_element : std::integral_constant<bool, std::is_same<T, double>::value || std::is_same<T, float>::value> {};
+struct is_supported_element
+    : std::integral_constant<bool, std::is_same<T, double>::value || std::is_same<T, float>::value> {};
 #if KFA_HAS_HALF
 template <>
 struct is_supported_element<compat::half_t> : std::true_type {};

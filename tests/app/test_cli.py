@@ -38,6 +38,18 @@ MPI, BINARIES = parse_argv(sys.argv[1:])
 MPI_PROGRAMS = {"kfa_example_ring", "kfa_example_hdf5_roundtrip", "kfa_example_hdf5_roundtrip_rank0", "kfa_bench_ring"}
 
 
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes (a huge number where it is unknown: nothing is then out of reach)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
 def check(cond, what, log=""):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
@@ -106,10 +118,17 @@ def common(binary, extra=()):
 def example_forward(b):
     helps(b, "--seq", "--batch", "--heads", "--kv-heads", "--head-dim", "--causal", "--check", "--repeat")
     common(b)
-    numeric(b, positive=("--seq", "--batch", "--heads", "--head-dim", "--repeat"), nonnegative=("--kv-heads", "--check"))
+    numeric(b, positive=("--seq", "--batch", "--heads", "--head-dim", "--repeat"),
+            nonnegative=("--kv-heads", "--check"))
     refused(b, ["--seq"], "--seq")  # a value missing
     refused(b, ["--heads", "4", "--kv-heads", "3"], "--heads 4", "--kv-heads 3")
     refused(b, ["--heads", "2", "--kv-heads", "4"], "--heads 2", "--kv-heads 4")
+    # Sizes it cannot fill (issue 34): a View of 2^31 elements or more, more memory than there is.
+    refused(b, ["--seq", "1073741824"], "--seq 1073741824", "q [1, 1073741824, 8, 128]", "2^31")
+    refused(b, ["--seq", "1073741824", "--batch", "1073741824"], "--batch 1073741824", "more than 2^64")
+    need = 4 * 4 * (4194303 * 4 * 128)  # q, k, v, o in float, each just below 2^31 elements
+    if mem_available() < need:
+        refused(b, ["--seq", "4194303", "--heads", "4", "--head-dim", "128"], "--seq 4194303", "MemAvailable")
     rc, out, err, _ = run(b, ["--seq", 64, "--heads", 2, "--head-dim", 16, "--check", 2, "--repeat", 1,
                               "--kokkos-threads=1"])
     check(rc == 0 and "PASS" in out, "kfa_example_forward: a small run with --kokkos-threads=1 passes", out + err)
@@ -126,6 +145,7 @@ def example_ring(b):
     common(b)
     numeric(b, positive=("--seq", "--heads", "--head-dim"))
     refused(b, ["--seq", "3"], "--seq 3")  # shorter than 2 x 2 ranks
+    refused(b, ["--seq", "1073741824"], "--seq 1073741824", "q [1, 1073741824, 4, 64]", "2^31")
     rc, out, err, _ = run(b, ["--seq", 64, "--heads", 1, "--head-dim", 16, "--kokkos-threads=1"])
     check(rc == 0 and "PASS" in out, "kfa_example_ring: a small run with --kokkos-threads=1 passes", out + err)
 

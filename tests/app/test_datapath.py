@@ -84,19 +84,21 @@ def generated_inputs(tmp):
         runs = {}
         for np_, layout in ((1, "contiguous"), (2, "contiguous"), (2, "zigzag"), (3, "zigzag")):
             out = os.path.join(tmp, f"gen_{dtype}_{np_}_{layout}.h5")
-            rc, log = run(np_, "--generate", "--batch", b, "--seqlen", s, "--heads", h, "--kv-heads", hkv, "--head-dim", d,
-                          "--seed", seed, "--dtype", dtype, "--causal", "--layout", layout, "--backward", "--check", 3,
-                          "--output", out, "--output-dtype", "float64")
+            rc, log = run(np_, "--generate", "--batch", b, "--seqlen", s, "--heads", h, "--kv-heads", hkv,
+                          "--head-dim", d, "--seed", seed, "--dtype", dtype, "--causal", "--layout", layout,
+                          "--backward", "--check", 3, "--output", out, "--output-dtype", "float64")
             tag = f"--generate {dtype}, P={np_} {layout}"
             if rc != 0:
                 check(False, f"{tag}: exit {rc}")
                 print(log)
                 continue
             got, _, _ = read(out)
-            worst = max(max_err(got[n], ref[n]) / max(1.0, float(np.max(np.abs(ref[n])))) for n in ("o", "lse", "dq", "dk", "dv"))
+            worst = max(max_err(got[n], ref[n]) / max(1.0, float(np.max(np.abs(ref[n]))))
+                        for n in ("o", "lse", "dq", "dk", "dv"))
             check(worst <= tol, f"{tag}: o, lse, dq, dk, dv within {tol:g} (of max(1, max |x|)) of float64 numpy on "
                                 f"the regenerated tensors, element by element (worst {worst:.2e})")
-            check("generated on the device in" in log, f"{tag}: the report says the inputs were generated on the device")
+            check("generated on the device in" in log,
+                  f"{tag}: the report says the inputs were generated on the device")
             runs[(np_, layout)] = got
         # The same tensors from a file: bitwise the same results (same inputs, same computation).
         inp = os.path.join(tmp, f"gen_as_file_{dtype}.h5")
@@ -105,8 +107,8 @@ def generated_inputs(tmp):
                 f[n] = a
         for np_, layout in ((1, "contiguous"), (2, "zigzag")):
             out = os.path.join(tmp, f"file_{dtype}_{np_}.h5")
-            rc, log = run(np_, "--input", inp, "--dtype", dtype, "--causal", "--layout", layout, "--backward", "--check", 3,
-                          "--output", out, "--output-dtype", "float64")
+            rc, log = run(np_, "--input", inp, "--dtype", dtype, "--causal", "--layout", layout, "--backward",
+                          "--check", 3, "--output", out, "--output-dtype", "float64")
             same = False
             if rc == 0 and (np_, layout) in runs:
                 got, _, _ = read(out)
@@ -172,8 +174,8 @@ def output_dtypes(tmp):
             ok = np.array_equal(got["float16"], got["float32"].astype(np.float16))
         ok = ok and np.isposinf(got["float16"][0, :, 0, 1]).all() and np.isneginf(got["float16"][0, :, 0, 2]).all()
         ok = ok and (got["float16"][0, :, 0, 0] == 65504).all() and (got["float16"][0, :, 0, 3] == 2050).all()
-    check(ok, "float16 output rounds to nearest as numpy: 65519 -> 65504, 65521 -> inf, -65530 -> -inf, 2049.9 -> 2050, "
-              "subnormals kept")
+    check(ok, "float16 output rounds to nearest as numpy: 65519 -> 65504, 65521 -> inf, -65530 -> -inf, "
+              "2049.9 -> 2050, subnormals kept")
 
 
 def read_in_compute_dtype(tmp):
@@ -199,7 +201,8 @@ def read_in_compute_dtype(tmp):
                 rc, log = run(3, "--input", inp, "--dtype", compute, "--layout", "zigzag", "--backward", "--check", 2,
                               "--output", out, "--output-dtype", "float64",
                               env={"KFA_LONGSEQ_IO_CHUNK": chunk} if chunk else None)
-                tag = f"{np.dtype(file_dtype).name} file, --dtype {compute}, P=3{', blocks of 37 elements' if chunk else ''}"
+                tag = (f"{np.dtype(file_dtype).name} file, --dtype {compute}, P=3"
+                       f"{', blocks of 37 elements' if chunk else ''}")
                 if rc != 0:
                     check(False, f"{tag}: exit {rc}")
                     print(log)
@@ -207,11 +210,13 @@ def read_in_compute_dtype(tmp):
                 got = read(out)[0]
                 outs.append(got)
                 tol = 1e-12 if compute == "float64" else 2e-5
-                worst = max(max_err(got[n], ref[n]) / max(1.0, float(np.max(np.abs(ref[n])))) for n in ("o", "dq", "dk", "dv"))
+                worst = max(max_err(got[n], ref[n]) / max(1.0, float(np.max(np.abs(ref[n]))))
+                            for n in ("o", "dq", "dk", "dv"))
                 check(worst <= tol, f"{tag}: results of the inputs rounded to {compute} (worst {worst:.1e} <= {tol:g})")
             if len(outs) == 2:
                 check(all(np.array_equal(outs[0][n], outs[1][n]) for n in outs[0]),
-                      f"{np.dtype(file_dtype).name} file, --dtype {compute}: blocks of 37 elements give bitwise the same output")
+                      f"{np.dtype(file_dtype).name} file, --dtype {compute}: blocks of 37 elements give bitwise "
+                      "the same output")
     # float64 values beyond float32's range become Inf in float32 (refused as input), as before.
     huge = os.path.join(tmp, "huge.h5")
     with h5py.File(huge, "w") as f:
@@ -219,7 +224,8 @@ def read_in_compute_dtype(tmp):
         q[1, 5, 1, 3] = -1e300
         f["q"], f["k"], f["v"] = q, raw["k"], raw["v"]
     rc, log = run(2, "--input", huge, "--dtype", "float32", env={"KFA_LONGSEQ_IO_CHUNK": "50"})
-    check(rc == 2 and "'q'" in log and "[1, 5, 1, 3]" in log, f"-1e300 read into float32 is -Inf, refused naming [1, 5, 1, 3] (exit {rc})")
+    check(rc == 2 and "'q'" in log and "[1, 5, 1, 3]" in log,
+          f"-1e300 read into float32 is -Inf, refused naming [1, 5, 1, 3] (exit {rc})")
 
 
 def host_memory(tmp):
@@ -234,7 +240,8 @@ def host_memory(tmp):
             f[n] = rng.standard_normal((1, s, h, d)).astype(np.float32)
     window = ("--causal", "--window", 63, 0)  # little compute: the data path is what is measured
     cases = [
-        ("generated, forward, --check 2", 1, ("--generate", "--seqlen", s, "--heads", h, "--head-dim", d, "--check", 2), 1.5),
+        ("generated, forward, --check 2", 1,
+         ("--generate", "--seqlen", s, "--heads", h, "--head-dim", d, "--check", 2), 1.5),
         ("--input, --backward --check 2 --output", 1,
          ("--input", inp, "--backward", "--check", 2, "--output", os.path.join(tmp, "mem_out.h5")), 1.5),
         ("generated, forward+backward, P=2 (ring buffers on this host backend)", 2,

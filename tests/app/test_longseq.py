@@ -82,7 +82,8 @@ def output_safety(tmp):
     out = os.path.join(d, "out.h5")
     js = os.path.join(d, "summary.json")
     rc, log = run(2, "--input", inp, "--output", out, "--json", js, "--check", 2)
-    check(rc == 0 and os.path.exists(out) and os.path.exists(js), f"safety: a good run writes out.h5 and the JSON (exit {rc})")
+    check(rc == 0 and os.path.exists(out) and os.path.exists(js),
+          f"safety: a good run writes out.h5 and the JSON (exit {rc})")
     if rc != 0:
         print(log)
         return
@@ -92,7 +93,8 @@ def output_safety(tmp):
     aliases = [
         ("--output same path as --input", ("--input", inp, "--output", inp), ("--output", "--input")),
         ("--output ./in.h5 (relative)", ("--input", "in.h5", "--output", "./in.h5"), ("--output", "--input")),
-        ("--output a symlink to --input", ("--input", inp, "--output", os.path.join(d, "link.h5")), ("--output", "--input")),
+        ("--output a symlink to --input", ("--input", inp, "--output", os.path.join(d, "link.h5")),
+         ("--output", "--input")),
         ("--output a/../ path to --input", ("--input", inp, "--output", os.path.join(d, "..", "safety", "in.h5")),
          ("--output", "--input")),
         ("--json same path as --input", ("--input", inp, "--json", inp), ("--json", "--input")),
@@ -115,7 +117,8 @@ def output_safety(tmp):
         named = all(n in log for n in names) and "same file" in log
         kept = sha256(inp) == in_hash and sha256(out) == out_hash and sha256(js) == js_hash
         check(rc == 2 and named and kept and not os.path.exists(os.path.join(d, "new.h5")) and "TFLOP/s" not in log,
-              f"safety: {what}: exit {rc} (want 2), names both options: {named}, input and outputs byte-identical: {kept}")
+              f"safety: {what}: exit {rc} (want 2), names both options: {named}, "
+              f"input and outputs byte-identical: {kept}")
         if rc != 2 or not named:
             print(log)
 
@@ -133,17 +136,20 @@ def output_safety(tmp):
         ("--check-tol without --check", ("--check-tol", "0"), "--check-tol needs --check"),
     ]:
         rc, log = run(2, *GEN, *args)
-        check(rc == 2 and frag in log and "TFLOP/s" not in log, f"safety: {what}: exit {rc} (want 2) before the run, says '{frag}'")
+        check(rc == 2 and frag in log and "TFLOP/s" not in log,
+              f"safety: {what}: exit {rc} (want 2) before the run, says '{frag}'")
     ro = os.path.join(d, "ro")
     os.makedirs(ro)
     if os.geteuid() == 0:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", ro], capture_output=True).returncode == 0
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", ro],
+                                 capture_output=True).returncode == 0
     else:
         os.chmod(ro, 0o555)
         mounted = True
     if mounted:
         rc, log = run(2, *GEN, "--json", os.path.join(ro, "s.json"))
-        check(rc == 2 and "not writable" in log and "TFLOP/s" not in log, f"safety: --json into a read-only directory: exit {rc} before the run")
+        check(rc == 2 and "not writable" in log and "TFLOP/s" not in log,
+              f"safety: --json into a read-only directory: exit {rc} before the run")
         if os.geteuid() == 0:
             subprocess.run(["umount", ro])
     else:
@@ -154,15 +160,16 @@ def output_safety(tmp):
         rc, log = run(nranks, "--input", inp, "--output", out, "--json", js, "--check", 2, "--check-tol", 0)
         kept = sha256(out) == out_hash and sha256(js) == js_hash
         check(rc == 3 and "FAIL" in log and kept and not temporaries(d),
-              f"safety: failed --check on {nranks} rank(s): exit {rc} (want 3), old output and JSON byte-identical: {kept}, "
-              f"no temporary left: {not temporaries(d)}")
+              f"safety: failed --check on {nranks} rank(s): exit {rc} (want 3), "
+              f"old output and JSON byte-identical: {kept}, no temporary left: {not temporaries(d)}")
 
     # Temporaries of an earlier killed run are named (not silently left, not removed behind the user's back).
     stale = out + ".tmp-1234"
     with open(stale, "wb") as f:
         f.write(b"x" * 100)
     rc, log = run(2, "--input", inp, "--output", out, "--check", 1)
-    check(rc == 0 and stale in log and "warning" in log and os.path.exists(stale), "safety: a stale temporary is named in a warning")
+    check(rc == 0 and stale in log and "warning" in log and os.path.exists(stale),
+          "safety: a stale temporary is named in a warning")
     os.remove(stale)
     out_hash = sha256(out)
 
@@ -253,7 +260,8 @@ def long_names_and_debris(tmp):
     if debris:
         rc, log = run(1, *GEN, "--output", killed, timeout=60)
         named = all(os.path.join(kd, x) in log for x in debris)
-        check(rc == 0 and named and "did not finish" in log and all(os.path.exists(os.path.join(kd, x)) for x in debris),
+        check(rc == 0 and named and "did not finish" in log
+              and all(os.path.exists(os.path.join(kd, x)) for x in debris),
               f"names: the next run names the killed run's temporaries in a warning (exit {rc}, named: {named})")
         if not named:
             print(log[-3000:])
@@ -299,7 +307,8 @@ def help_and_progress(tmp):
         print(err[-2000:])
     rc, out, err = run_split(2, *base, "--backward", timeout=120)
     check(rc == 0 and not [x for x in err.splitlines() if " ring step " in x] and "computing forward+backward" in err,
-          f"progress on a pipe, default interval 10 s, a run shorter than that: the start line, no step lines (exit {rc})")
+          f"progress on a pipe, default interval 10 s, a run shorter than that: the start line, no step lines "
+          f"(exit {rc})")
     rc, out, err = run_split(2, *base, "--quiet", "--progress-interval", 0, timeout=120)
     check(rc == 0 and "ring step" not in err and "computing" not in err and "TFLOP/s" in out,
           f"--quiet: no progress on stderr, the report on stdout (exit {rc})")
@@ -331,7 +340,8 @@ def help_and_progress(tmp):
     if "\r" not in tty:
         print(repr(tty[-500:]))
     rc, out, err = run_split(2, *base, "--progress", timeout=120)
-    check(rc == 0 and "\r" in err and "[##" in err and "ring step 2/2" in err, f"--progress under mpirun: the bar (exit {rc})")
+    check(rc == 0 and "\r" in err and "[##" in err and "ring step 2/2" in err,
+          f"--progress under mpirun: the bar (exit {rc})")
     rc, out, err = run_split(1, *base, "--quiet", "--progress", timeout=60)
     check(rc == 2 and "--quiet" in err and "--progress" in err, f"--quiet with --progress refused: exit {rc} (want 2)")
 
@@ -379,7 +389,8 @@ def reports_and_attributes(tmp):
         said = ("dO: generated (seed 1): " + path + " has no dataset 'do'") in log if source == "generated" else \
             ("dO: dataset 'do' of " + path) in log
         check(rc == 0 and said and rep.get("do_source") == source and attr == source,
-              f"dO {source}: report line {said}, JSON do_source {rep.get('do_source')!r}, attribute {attr!r} (exit {rc})")
+              f"dO {source}: report line {said}, JSON do_source {rep.get('do_source')!r}, attribute {attr!r} "
+              f"(exit {rc})")
         if not said:
             print(log)
     rc, log = run(1, "--input", with_do, "--json", os.path.join(d, "fwd.json"), timeout=60)
@@ -408,7 +419,8 @@ def reports_and_attributes(tmp):
         if not ok:
             print(log)
         if rc == 0:  # the check's float64 gradients agree with numpy's: the written ones are within 1e-5 of both
-            ref = reference(q, k, v, do, causal="--causal" in extra, window=(20, 5) if "--window" in extra else (-1, -1),
+            ref = reference(q, k, v, do, causal="--causal" in extra,
+                            window=(20, 5) if "--window" in extra else (-1, -1),
                             softcap=3.0 if "--softcap" in extra else 0.0)
             with h5py.File(out, "r") as f:
                 errs = [rel(f[n][...], r) for n, r in zip(("dq", "dk", "dv"), ref[2:])]
@@ -421,7 +433,8 @@ def reports_and_attributes(tmp):
         rc, log = run(2, "--input", with_do, "--backward", "--check", 3, "--output", keep, "--json", js, timeout=120,
                       env={"KFA_LONGSEQ_CORRUPT": what})
         check(rc == 3 and "FAIL" in log and open(keep, "rb").read() == b"previous" and not os.path.exists(js),
-              f"--check --backward with {what} corrupted by 1e-3 (test hook): exit {rc} (want 3), FAIL, nothing written")
+              f"--check --backward with {what} corrupted by 1e-3 (test hook): exit {rc} (want 3), FAIL, "
+              "nothing written")
     # --nondeterministic: said in the report, JSON and attributes; on the CPU no family has atomics, so the
     # gradients are bitwise those of the default run above (do_file.h5).
     out, js = os.path.join(d, "nondet.h5"), os.path.join(d, "nondet.json")
@@ -454,7 +467,8 @@ def reports_and_attributes(tmp):
                       "--json", js, timeout=120, launcher=unbind)
         r = json.load(open(js)) if rc == 0 else {}
         parts = sum(r.get(x, 0) for x in ("step_compute_s", "load_imbalance_s", "communication_not_hidden_s"))
-        ok = rc == 0 and "steps_s" in r and r["steps_s"] > 0 and abs(parts - r["steps_s"]) <= 1e-6 + 1e-6 * r["steps_s"] \
+        ok = rc == 0 and "steps_s" in r and r["steps_s"] > 0 \
+            and abs(parts - r["steps_s"]) <= 1e-6 + 1e-6 * r["steps_s"] \
             and min(r["step_compute_s"], r["load_imbalance_s"], r["communication_not_hidden_s"]) >= 0 and \
             r["transfer_s"] > 0 and r["exchange_alone_s"] > 0 and 0 <= r["communication_hidden"] <= 1 and \
             "load imbalance" in log and "communication not hidden" in log and "communication hidden" in log
@@ -482,8 +496,9 @@ def reports_and_attributes(tmp):
     js = os.path.join(d, "p1.json")
     rc, log = run(1, *GEN, "--json", js, timeout=60)
     r = json.load(open(js)) if rc == 0 else {}
-    check(rc == 0 and "communication hidden n/a" in log and "communication_hidden" in r and r["communication_hidden"] is None
-          and r.get("transfer_s") == 0, f"P=1: nothing sent, hidden is n/a (report) and null (JSON), not 100% (exit {rc})")
+    check(rc == 0 and "communication hidden n/a" in log and "communication_hidden" in r
+          and r["communication_hidden"] is None and r.get("transfer_s") == 0,
+          f"P=1: nothing sent, hidden is n/a (report) and null (JSON), not 100% (exit {rc})")
 
     # Attributes: typed as apps/README.md documents, the scale applied, versions present.
     table, readme = documented_attributes()
@@ -555,8 +570,9 @@ def collective_metadata(tmp):
         print(log)
 
     # Dangling links, a group for 'q': the message names the dataset and the link's target, not "rank 0".
-    cases.append(("'v' a dangling external link", write(os.path.join(d, "dangling.h5"), v=h5py.ExternalLink("gone.h5", "/v")),
-                  (), ("'v'", "gone.h5", "external link")))
+    cases.append(("'v' a dangling external link",
+                  write(os.path.join(d, "dangling.h5"), v=h5py.ExternalLink("gone.h5", "/v")), (),
+                  ("'v'", "gone.h5", "external link")))
     cases.append(("'q' a dangling soft link", write(os.path.join(d, "soft.h5"), q=h5py.SoftLink("/nothere")),
                   (), ("'q'", "/nothere")))
     grp = write(os.path.join(d, "group.h5"), q=None)
@@ -623,7 +639,8 @@ def sizes_and_options(tmp):
          ("batch 1099511627776", "bytes per rank", "MemAvailable")),
         ("file declaring 2^40 x 2^22 x 4 x 64 elements (beyond 64 bits)",
          ("--input", declared("overflow.h5", (2**40, 2**22, 4, 64))), ("batch 1099511627776", "overflows 64-bit")),
-        ("--generate --seqlen 2^31", ("--generate", "--seqlen", 2**31), ("seq 2147483648", "bytes per rank", "MemAvailable")),
+        ("--generate --seqlen 2^31", ("--generate", "--seqlen", 2**31),
+         ("seq 2147483648", "bytes per rank", "MemAvailable")),
         ("--generate --batch 1000000000", ("--generate", "--batch", 1000000000), ("batch 1000000000", "MemAvailable")),
         ("--generate --batch 1e9", ("--generate", "--batch", "1e9"), ("--batch", "1e9")),
         ("--check 2000000000", ("--generate", "--seqlen", 256, "--check", 2000000000),
@@ -637,7 +654,8 @@ def sizes_and_options(tmp):
         rc, log = run(2, *args, "--output", out, timeout=30)
         secs = time.time() - t0
         said = all(f in log for f in frags)
-        check(rc == 2 and said and secs < 20 and "bad_alloc" not in log and "MPI_ABORT" not in log and not os.path.exists(out),
+        check(rc == 2 and said and secs < 20 and "bad_alloc" not in log and "MPI_ABORT" not in log
+              and not os.path.exists(out),
               f"sizes: {what}: exit {rc} (want 2) in {secs:.1f} s (< 20), names {frags}: {said}")
         if rc != 2 or not said:
             print(log[-3000:])
@@ -646,13 +664,16 @@ def sizes_and_options(tmp):
     with h5py.File(good, "w") as f:
         for n in "qkv":
             f[n] = np.ones((1, 64, 2, 16), np.float32)
-    for opt, val in (("--seqlen", 100), ("--heads", 8), ("--kv-heads", 1), ("--head-dim", 32), ("--batch", 2), ("--seed", 3)):
+    for opt, val in (("--seqlen", 100), ("--heads", 8), ("--kv-heads", 1), ("--head-dim", 32), ("--batch", 2),
+                     ("--seed", 3)):
         rc, log = run(2, "--input", good, opt, val)
         said = f"{opt} applies only with --generate" in log
-        check(rc == 2 and said and "TFLOP/s" not in log, f"options: {opt} with --input: exit {rc} (want 2), says so: {said}")
+        check(rc == 2 and said and "TFLOP/s" not in log,
+              f"options: {opt} with --input: exit {rc} (want 2), says so: {said}")
     for bad in ("-5", "abc"):
         rc, log = run(1, "--generate", "--seqlen", 64, "--seed", bad)
-        check(rc == 2 and "--seed" in log and bad in log and "TFLOP/s" not in log, f"options: --seed {bad}: exit {rc} (want 2)")
+        check(rc == 2 and "--seed" in log and bad in log and "TFLOP/s" not in log,
+              f"options: --seed {bad}: exit {rc} (want 2)")
 
 
 def full_filesystem(d):
@@ -708,7 +729,8 @@ def full_filesystem(d):
                     crashed = rc in (124, 134, 139) or rc < 0 or "Segmentation fault" in log or "signal" in log.lower()
                     check(rc not in (0, 124) and not crashed and kept and said and not temporaries(fs),
                           f"full fs ({what}), {label}, {nranks} rank(s): exit {rc}, no crash/hang: {not crashed}, "
-                          f"old files byte-identical: {kept}, says no space: {said}, no temporary left: {not temporaries(fs)}")
+                          f"old files byte-identical: {kept}, says no space: {said}, "
+                          f"no temporary left: {not temporaries(fs)}")
                     if rc == 0 or crashed or not said:
                         print(log[-3000:])
     finally:
@@ -781,8 +803,8 @@ def full_after_reservation(d):
                     named = f"--output {out}: writing dataset" in log
                     check(rc == 2 and not crashed and filled and said and named and kept and not left,
                           f"{tag}: exit {rc} in {took:.1f} s (want 2), no crash/hang: {not crashed}, disk filled: "
-                          f"{filled}, says no space: {said}, names the file: {named}, old files byte-identical: {kept}, "
-                          f"no temporary left: {not left}")
+                          f"{filled}, says no space: {said}, names the file: {named}, "
+                          f"old files byte-identical: {kept}, no temporary left: {not left}")
                 if rc not in (0, 2) or crashed:
                     print(log[-3000:])
     finally:
@@ -944,7 +966,8 @@ def main():
             with h5py.File(out, "r") as f:
                 check(f["o"].shape == (b, s, h, d) and f["lse"].shape == (b, h, s), f"{tag}: output shapes")
                 check(f["o"].dtype == (np.float64 if compute == "float64" else np.float32), f"{tag}: o dtype")
-                check(f.attrs["ranks"] == nranks and isinstance(f.attrs["ranks"], np.integer), f"{tag}: ranks attribute")
+                check(f.attrs["ranks"] == nranks and isinstance(f.attrs["ranks"], np.integer),
+                      f"{tag}: ranks attribute")
                 check(rel(f["o"][...], o_ref) <= tol, f"{tag}: o error {rel(f['o'][...], o_ref):.2e} <= {tol}")
                 check(rel(f["lse"][...], lse_ref) <= tol, f"{tag}: lse error {rel(f['lse'][...], lse_ref):.2e}")
                 for name, ref in (("dq", dq_ref), ("dk", dk_ref), ("dv", dv_ref)):

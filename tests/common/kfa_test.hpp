@@ -105,7 +105,8 @@ std::vector<double> to_doubles4(const View& x) {
     for (size_t i = 0; i < x.extent(1); ++i)
       for (size_t hh = 0; hh < x.extent(2); ++hh)
         for (size_t c = 0; c < x.extent(3); ++c)
-          out.push_back(static_cast<double>(static_cast<kfa::accumulator_t<typename View::non_const_value_type>>(h(b, i, hh, c))));
+          out.push_back(static_cast<double>(
+              static_cast<kfa::accumulator_t<typename View::non_const_value_type>>(h(b, i, hh, c))));
   return out;
 }
 
@@ -143,21 +144,25 @@ inline ::testing::AssertionResult close_frobenius(const std::vector<double>& got
                                          << first_nonfinite;
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   if (rel <= tol) return ::testing::AssertionSuccess() << "relative error " << rel;
-  return ::testing::AssertionFailure() << "relative Frobenius error " << rel << " > " << tol << "; worst element at flat "
-                                       << worst_i << ": got " << got[worst_i] << ", want " << want[worst_i];
+  return ::testing::AssertionFailure() << "relative Frobenius error " << rel << " > " << tol
+                                       << "; worst element at flat " << worst_i << ": got " << got[worst_i] << ", want "
+                                       << want[worst_i];
 }
 
 // LSE: −inf exactly where the reference has −inf, else |got − want| ≤ tol·max(1, |want|).
-inline ::testing::AssertionResult close_lse(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+inline ::testing::AssertionResult close_lse(const std::vector<double>& got, const std::vector<double>& want,
+                                            double tol) {
   for (size_t i = 0; i < got.size(); ++i) {
     const bool want_inf = std::isinf(want[i]);
     if (want_inf) {
       if (!(std::isinf(got[i]) && got[i] < 0))
-        return ::testing::AssertionFailure() << "lse[" << i << "] = " << got[i] << " but the row sees no key (want -inf)";
+        return ::testing::AssertionFailure()
+               << "lse[" << i << "] = " << got[i] << " but the row sees no key (want -inf)";
       continue;
     }
     if (!std::isfinite(got[i]) || std::abs(got[i] - want[i]) > tol * std::max(1.0, std::abs(want[i])))
-      return ::testing::AssertionFailure() << "lse[" << i << "] = " << got[i] << ", want " << want[i] << " (tol " << tol << ")";
+      return ::testing::AssertionFailure()
+             << "lse[" << i << "] = " << got[i] << ", want " << want[i] << " (tol " << tol << ")";
   }
   return ::testing::AssertionSuccess();
 }

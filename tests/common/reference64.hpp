@@ -42,7 +42,8 @@ inline void ref_scores(const Shape& s, const RefOptions& o, const std::vector<do
     if (!ref_visible(s, o, i, j)) continue;
     double acc = 0;
     for (int c = 0; c < d; ++c)
-      acc += q[((size_t(b) * s.seq_q + i) * s.heads_q + h) * d + c] * k[((size_t(b) * s.seq_k + j) * s.heads_kv + hk) * d + c];
+      acc += q[((size_t(b) * s.seq_q + i) * s.heads_q + h) * d + c] *
+             k[((size_t(b) * s.seq_k + j) * s.heads_kv + hk) * d + c];
     acc *= scale;
     if (o.softcap > 0) acc = o.softcap * std::tanh(acc / o.softcap);
     row[j] = acc;

@@ -16,10 +16,15 @@ struct Problem {
   Lse<T> lse;
   std::vector<double> qh, kh, vh, doh;
   Problem(const Shape& s_, std::mt19937_64& rng, double sigma = 1.0)
-      : s(s_), q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
-        v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), o("o", s.batch, s.seq_q, s.heads_q, s.head_dim),
-        d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim), dq("dq", s.batch, s.seq_q, s.heads_q, s.head_dim),
-        dk("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim), dv("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+      : s(s_),
+        q("q", s.batch, s.seq_q, s.heads_q, s.head_dim),
+        k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+        v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+        o("o", s.batch, s.seq_q, s.heads_q, s.head_dim),
+        d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim),
+        dq("dq", s.batch, s.seq_q, s.heads_q, s.head_dim),
+        dk("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+        dv("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim),
         lse("lse", s.batch, s.heads_q, s.seq_q) {
     qh = fill_random(q, rng, sigma), kh = fill_random(k, rng, sigma), vh = fill_random(v, rng);
     doh = fill_random(d_o, rng);
@@ -135,7 +140,9 @@ TYPED_TEST(Backward, StridedInputsAndOutputs) {
   const Shape s{2, 65, 65, 2, 2, 32};
   using V5 = Kokkos::View<T*****, Kokkos::LayoutRight, Mem>;
   V5 qkv("qkv", s.batch, s.seq_q, 3, s.heads_q, s.head_dim), dqkv("dqkv", s.batch, s.seq_q, 3, s.heads_q, s.head_dim);
-  auto sl = [](const V5& x, int i) { return Kokkos::subview(x, Kokkos::ALL, Kokkos::ALL, i, Kokkos::ALL, Kokkos::ALL); };
+  auto sl = [](const V5& x, int i) {
+    return Kokkos::subview(x, Kokkos::ALL, Kokkos::ALL, i, Kokkos::ALL, Kokkos::ALL);
+  };
   auto q = sl(qkv, 0), k = sl(qkv, 1), v = sl(qkv, 2), dq = sl(dqkv, 0), dk = sl(dqkv, 1), dv = sl(dqkv, 2);
   const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng);
   Tensor<T> o("o", s.batch, s.seq_q, s.heads_q, s.head_dim), d_o("do", s.batch, s.seq_q, s.heads_q, s.head_dim);
@@ -200,11 +207,8 @@ TYPED_TEST(Backward, MaterializedReferenceAgrees) {
 // Central finite differences of L = Σ O ∘ dO in double, for each option, on tiny shapes: both the tests'
 // materialized gradient formulas and kfa's backward must match them.
 TEST(BackwardFiniteDifferences, EveryOption) {
-  const std::vector<RefOptions> cases = {RefOptions{},
-                                         RefOptions{0, true, -1, -1, 0},
-                                         RefOptions{0, false, 2, 1, 0},
-                                         RefOptions{0, false, -1, -1, 1.5},
-                                         RefOptions{0.7, true, 3, -1, 2.0}};
+  const std::vector<RefOptions> cases = {RefOptions{}, RefOptions{0, true, -1, -1, 0}, RefOptions{0, false, 2, 1, 0},
+                                         RefOptions{0, false, -1, -1, 1.5}, RefOptions{0.7, true, 3, -1, 2.0}};
   for (const RefOptions& ro : cases)
     for (const Shape& s : {Shape{1, 5, 7, 2, 1, 8}, Shape{2, 6, 4, 2, 2, 8}}) {
       const std::uint64_t seed = fresh_seed();

@@ -11,8 +11,10 @@ struct Args {
   Tensor<T> q, k, v, o;
   Lse<T> lse;
   Args(Shape s, Shape out)
-      : q("q", s.batch, s.seq_q, s.heads_q, s.head_dim), k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
-        v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim), o("o", out.batch, out.seq_q, out.heads_q, out.head_dim),
+      : q("q", s.batch, s.seq_q, s.heads_q, s.head_dim),
+        k("k", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+        v("v", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+        o("o", out.batch, out.seq_q, out.heads_q, out.head_dim),
         lse("lse", out.batch, out.heads_q, out.seq_q) {
     std::mt19937_64 rng(fresh_seed());
     fill_random(q, rng), fill_random(k, rng), fill_random(v, rng);
@@ -31,7 +33,8 @@ void expect_error(F&& f, const Args& a, const std::vector<const char*>& fragment
     const std::string msg = e.what();
     const std::invalid_argument& base = e;  // the documented base class
     (void)base;
-    for (const char* frag : fragments) EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
+    for (const char* frag : fragments)
+      EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
   }
   for (double x : to_doubles4(a.o)) ASSERT_TRUE(std::isnan(x)) << "an output was written before the error";
   for (double x : to_doubles3(a.lse)) ASSERT_TRUE(std::isnan(x)) << "lse was written before the error";
@@ -155,7 +158,8 @@ TEST(Errors, OutputAliasesInput) {
   EXPECT_NO_THROW(kfa::attention_forward(Exec(), c.q, c.k, v_slot, o_slot, c.lse));
   // lse inside k's memory.
   Kokkos::View<float***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> lse_in_k(b.k.data(), 1, 2, 8);
-  expect_error([&] { kfa::attention_forward(Exec(), b.q, b.k, b.v, b.o, lse_in_k); }, b, {"output lse overlaps input k"});
+  expect_error([&] { kfa::attention_forward(Exec(), b.q, b.k, b.v, b.o, lse_in_k); }, b,
+               {"output lse overlaps input k"});
 }
 
 TEST(Errors, IsInvalidArgument) {

@@ -51,8 +51,8 @@ TEST_F(Probe, ForwardAtSeq16kAllocatesNothingQuadratic) {
   // allocate team scratch that scales with the device's concurrency (Kokkos CUDA: a few MiB), so the
   // bound is a quarter byte per pair: anything quadratic exceeds it, nothing linear comes close.
   const std::uint64_t quadratic = std::uint64_t(n) * n;
-  EXPECT_LT(g_total, quadratic / 4) << "total " << g_total << " B; largest: " << g_largest << " B '"
-                                    << g_largest_label << "'";
+  EXPECT_LT(g_total, quadratic / 4) << "total " << g_total << " B; largest: " << g_largest << " B '" << g_largest_label
+                                    << "'";
   // Spot-check that the call really computed: a middle row against the float64 reference.
   auto oh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), o);
   for (int c = 0; c < d; ++c) ASSERT_TRUE(std::isfinite(oh(0, n - 1, 0, c)));
@@ -74,8 +74,8 @@ TEST_F(Probe, ForwardBackwardAtSeq16kAllocatesNothingQuadratic) {
   kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
   Exec().fence();
   const std::uint64_t quadratic = std::uint64_t(n) * n;
-  EXPECT_LT(g_total, quadratic / 4) << "total " << g_total << " B; largest: " << g_largest << " B '"
-                                    << g_largest_label << "'";
+  EXPECT_LT(g_total, quadratic / 4) << "total " << g_total << " B; largest: " << g_largest << " B '" << g_largest_label
+                                    << "'";
   for (const auto* x : {&dq, &dk, &dv}) {
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), *x);
     for (int c = 0; c < d; ++c) ASSERT_TRUE(std::isfinite(h(0, n / 2, 0, c)));

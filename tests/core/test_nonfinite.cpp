@@ -62,7 +62,8 @@ TYPED_TEST(NonFinite, Rank4CountsEveryPlantedValue) {
       Tensor<T> y("y", 2, 37, 3, 16);
       Kokkos::deep_copy(y, x);
       plant(y, at, val);
-      EXPECT_EQ(kfa::count_nonfinite(Exec(), y), at.size()) << "value " << val << " at " << at.size() << " position(s), first " << at[0];
+      EXPECT_EQ(kfa::count_nonfinite(Exec(), y), at.size())
+          << "value " << val << " at " << at.size() << " position(s), first " << at[0];
     }
   }
   // All three kinds at once, and every element.
@@ -99,9 +100,9 @@ TYPED_TEST(NonFinite, Rank3AndStridedSubview) {
   Tensor<T> x("x", 2, 19, 4, 8);
   fill_random(x, rng);
   auto h1 = Kokkos::subview(x, Kokkos::ALL, Kokkos::ALL, std::make_pair(1, 2), Kokkos::ALL);  // rank 4, strided
-  plant(x, {0}, kNaN);                              // head 0: outside
-  plant(x, {1 * 8 + 0}, kInf);                      // token 0, head 1, e 0: inside
-  plant(x, {x.size() - 1 - 2 * 8}, -kInf);          // last token, head 1, e 7: inside
+  plant(x, {0}, kNaN);                                                                        // head 0: outside
+  plant(x, {1 * 8 + 0}, kInf);              // token 0, head 1, e 0: inside
+  plant(x, {x.size() - 1 - 2 * 8}, -kInf);  // last token, head 1, e 7: inside
   EXPECT_EQ(kfa::count_nonfinite(Exec(), x), 3u);
   EXPECT_EQ(kfa::count_nonfinite(Exec(), h1), 2u);
   auto h0 = Kokkos::subview(x, Kokkos::ALL, Kokkos::ALL, 0, Kokkos::ALL);  // rank 3, strided

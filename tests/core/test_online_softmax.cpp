@@ -76,8 +76,12 @@ void check_merge_exact(double tol) {
   }
 }
 
-TEST(OnlineSoftmax, MergeIsExactAndAssociativeDouble) { check_merge_exact<double>(1e-13); }
-TEST(OnlineSoftmax, MergeIsExactAndAssociativeFloat) { check_merge_exact<float>(2e-6); }
+TEST(OnlineSoftmax, MergeIsExactAndAssociativeDouble) {
+  check_merge_exact<double>(1e-13);
+}
+TEST(OnlineSoftmax, MergeIsExactAndAssociativeFloat) {
+  check_merge_exact<float>(2e-6);
+}
 
 TEST(OnlineSoftmax, EmptyStateIsIdentity) {
   using S = kfa::SoftmaxState<float>;
@@ -175,8 +179,16 @@ void check_fast_exp_vec() {
 #endif
 }
 
-TEST(FastExp, VectorFormMatchesScalarFloat) { check_fast_exp_vec<float>(); }
-TEST(FastExp, VectorFormMatchesScalarDouble) { check_fast_exp_vec<double>(); }
+TEST(FastExp, VectorFormMatchesScalarFloat) {
+  check_fast_exp_vec<float>();
+}
+TEST(FastExp, VectorFormMatchesScalarDouble) {
+  check_fast_exp_vec<double>();
+}
 
-TEST(FastExp, FloatWithinTwoUlp) { check_fast_exp<float>(2.5e-7); }
-TEST(FastExp, DoubleWithinFourUlp) { check_fast_exp<double>(9e-16); }
+TEST(FastExp, FloatWithinTwoUlp) {
+  check_fast_exp<float>(2.5e-7);
+}
+TEST(FastExp, DoubleWithinFourUlp) {
+  check_fast_exp<double>(9e-16);
+}

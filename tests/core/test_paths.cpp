@@ -24,9 +24,10 @@ template <class T>
 Run<T> run_path(const Shape& s, const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v, const Tensor<T>& d_o,
                 kfa::AttentionOptions opts, kfa::TileProductPath path) {
   opts.path = path;
-  Run<T> r{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim), Tensor<T>("dq", s.batch, s.seq_q, s.heads_q, s.head_dim),
-           Tensor<T>("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim), Tensor<T>("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim),
-           Lse<T>("lse", s.batch, s.heads_q, s.seq_q)};
+  Run<T> r{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim),
+           Tensor<T>("dq", s.batch, s.seq_q, s.heads_q, s.head_dim),
+           Tensor<T>("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+           Tensor<T>("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim), Lse<T>("lse", s.batch, s.heads_q, s.seq_q)};
   poison(r.o), poison(r.lse), poison(r.dq), poison(r.dk), poison(r.dv);
   kfa::attention_forward(Exec(), q, k, v, r.o, r.lse, opts);
   kfa::attention_backward(Exec(), q, k, v, r.o, d_o, r.lse, r.dq, r.dk, r.dv, opts);
@@ -64,7 +65,10 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     } catch (const kfa::Error&) {
       continue;
     }
-    Run<T> r{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim), {}, {}, {},
+    Run<T> r{Tensor<T>("o", s.batch, s.seq_q, s.heads_q, s.head_dim),
+             {},
+             {},
+             {},
              Lse<T>("lse", s.batch, s.heads_q, s.seq_q)};
     poison(r.o), poison(r.lse);
     kfa::attention_forward(Exec(), q, k, v, r.o, r.lse, named);
@@ -150,31 +154,31 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
   if constexpr (!kfa::has_tensor_core_path<Exec, T>::value) {
     GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
   } else {
-  // KFA_TEST_SMALL=1 (used under compute-sanitizer): two masked cases per head dim, with softcap and without
-  // (the warp-specialized wgmma forward runs without; 600 keys are five 128-key tiles through its three stages).
-  const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
-  for (int d : {64, 96, 128}) {
-    RefOptions ro;
-    if (small) {
-      RefOptions c;
-      c.causal = true;
-      check_paths_agree<T>({1, 130, 600, 2, 1, d}, c);
-      c.softcap = 20.0;
-      check_paths_agree<T>({1, 130, 150, 2, 1, d}, c);
-      continue;
+    // KFA_TEST_SMALL=1 (used under compute-sanitizer): two masked cases per head dim, with softcap and without
+    // (the warp-specialized wgmma forward runs without; 600 keys are five 128-key tiles through its three stages).
+    const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
+    for (int d : {64, 96, 128}) {
+      RefOptions ro;
+      if (small) {
+        RefOptions c;
+        c.causal = true;
+        check_paths_agree<T>({1, 130, 600, 2, 1, d}, c);
+        c.softcap = 20.0;
+        check_paths_agree<T>({1, 130, 150, 2, 1, d}, c);
+        continue;
+      }
+      check_paths_agree<T>({2, 200, 200, 2, 2, d}, ro);  // partial last tiles on both sides
+      check_paths_agree<T>({1, 65, 300, 4, 2, d}, ro);   // GQA, seq_q != seq_k
+      ro.causal = true;
+      check_paths_agree<T>({1, 300, 300, 2, 1, d}, ro);
+      check_paths_agree<T>({1, 100, 30, 2, 2, d}, ro);    // rows that see no key
+      check_paths_agree<T>({1, 700, 1000, 2, 1, d}, ro);  // many key tiles: both stages of the K/V double buffer
+      RefOptions w;
+      w.window_left = 37;
+      w.window_right = 5;
+      w.softcap = 20.0;
+      check_paths_agree<T>({1, 257, 190, 2, 2, d}, w);
     }
-    check_paths_agree<T>({2, 200, 200, 2, 2, d}, ro);  // partial last tiles on both sides
-    check_paths_agree<T>({1, 65, 300, 4, 2, d}, ro);   // GQA, seq_q != seq_k
-    ro.causal = true;
-    check_paths_agree<T>({1, 300, 300, 2, 1, d}, ro);
-    check_paths_agree<T>({1, 100, 30, 2, 2, d}, ro);  // rows that see no key
-    check_paths_agree<T>({1, 700, 1000, 2, 1, d}, ro);  // many key tiles: both stages of the K/V double buffer
-    RefOptions w;
-    w.window_left = 37;
-    w.window_right = 5;
-    w.softcap = 20.0;
-    check_paths_agree<T>({1, 257, 190, 2, 2, d}, w);
-  }
   }
 }
 
@@ -218,7 +222,8 @@ TYPED_TEST(Paths, TensorCoreStridedLayouts) {
         const S4 dq = packed ? slot(dqkv, 0) : heads_outer(bdq, s.batch, s.seq_q, s.heads_q, d);
         const S4 dk = packed ? slot(dqkv, 1) : heads_outer(bdk, s.batch, s.seq_k, s.heads_kv, d);
         const S4 dv = packed ? slot(dqkv, 2) : heads_outer(bdv, s.batch, s.seq_k, s.heads_kv, d);
-        const S4 o = heads_outer(bo, s.batch, s.seq_q, s.heads_q, d), d_o = heads_outer(bdo, s.batch, s.seq_q, s.heads_q, d);
+        const S4 o = heads_outer(bo, s.batch, s.seq_q, s.heads_q, d),
+                 d_o = heads_outer(bdo, s.batch, s.seq_q, s.heads_q, d);
         Lse<T> lse("lse", s.batch, s.heads_q, s.seq_q);
         const auto qh = fill_random(q, rng), kh = fill_random(k, rng), vh = fill_random(v, rng),
                    doh = fill_random(d_o, rng);
@@ -308,7 +313,8 @@ TYPED_TEST(Paths, TensorCoreHeadDim256) {
       kfa::AttentionOptions tc;
       tc.path = P::tensor_core;
       const std::string e = error_of<T>(s, tc, false);
-      EXPECT_NE(e.find("opts.path = tensor_core but no family it names can run these inputs ("), std::string::npos) << e;
+      EXPECT_NE(e.find("opts.path = tensor_core but no family it names can run these inputs ("), std::string::npos)
+          << e;
       EXPECT_NE(e.find("tensor_core_fa2: the device allows"), std::string::npos) << e;
       EXPECT_NE(e.find("head_dim = 256"), std::string::npos) << e;
     }
@@ -359,8 +365,19 @@ TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
   int tf32_runs = 0;
   const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
   for (int d : {64, 96, 128})
-    for (const RefOptions& ro : {RefOptions{}, [] { RefOptions c; c.causal = true; return c; }(),
-                                 [] { RefOptions w; w.window_left = 40; w.window_right = 3; w.softcap = 15.0; return w; }()}) {
+    for (const RefOptions& ro : {RefOptions{},
+                                 [] {
+                                   RefOptions c;
+                                   c.causal = true;
+                                   return c;
+                                 }(),
+                                 [] {
+                                   RefOptions w;
+                                   w.window_left = 40;
+                                   w.window_right = 3;
+                                   w.softcap = 15.0;
+                                   return w;
+                                 }()}) {
       for (const Shape& s : {Shape{2, 211, 190, 4, 2, d}, Shape{1, 300, 520, 2, 1, d}, Shape{1, 100, 30, 2, 2, d}}) {
         if (s.seq_q == 100 && !ro.causal) continue;  // rows that see no key: the causal case only
         if (small && s.seq_q != 211) continue;       // KFA_TEST_SMALL=1 (under compute-sanitizer): one shape
@@ -408,7 +425,8 @@ TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
         }
       }
     }
-  if (tf32_runs == 0) std::printf("[ note ] tensor_core_tf32x3 cannot run on %s here: checked portable/automatic only\n", Exec::name());
+  if (tf32_runs == 0)
+    std::printf("[ note ] tensor_core_tf32x3 cannot run on %s here: checked portable/automatic only\n", Exec::name());
 }
 
 TEST(Paths, NamesOfPaths) {
@@ -433,8 +451,10 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
   kfa::AttentionOptions opts;
   const kfa::ForwardPlan f = kfa::plan_forward(Exec(), q, k, v, o, opts);
   const kfa::BackwardPlan b = kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
-  EXPECT_EQ(f.region.rfind("kfa::attention_forward[" + kfa::to_string(f.family) + "," + kfa::dtype_name<T>() + ",d128,", 0),
-            0u) << f.region;
+  EXPECT_EQ(
+      f.region.rfind("kfa::attention_forward[" + kfa::to_string(f.family) + "," + kfa::dtype_name<T>() + ",d128,", 0),
+      0u)
+      << f.region;
   EXPECT_EQ(b.region.rfind("kfa::attention_backward[" + kfa::to_string(b.family) + ",", 0), 0u) << b.region;
   EXPECT_NE(f.family, P::automatic);
   EXPECT_NE(f.family, P::tensor_core);
@@ -502,7 +522,8 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
         (void)kfa::plan_forward(Exec(), q, k, v, o, opts);
         ADD_FAILURE() << kfa::to_string(p) << " planned where it cannot run";
       } catch (const kfa::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("opts.path = " + kfa::to_string(p) + " but "), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("opts.path = " + kfa::to_string(p) + " but "), std::string::npos)
+            << e.what();
       }
     }
   }
@@ -530,7 +551,8 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     } else {
       try {
         (void)kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts);
-        ADD_FAILURE() << kfa::to_string(p) << " backward planned for " << kfa::dtype_name<T>() << " on " << Exec::name();
+        ADD_FAILURE() << kfa::to_string(p) << " backward planned for " << kfa::dtype_name<T>() << " on "
+                      << Exec::name();
       } catch (const kfa::Error& e) {
         EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
       }
@@ -585,8 +607,8 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     Tensor<T> q6("q", 1, 300, 2, 64), k6("k", 1, 300, 2, 64), v6("v", 1, 300, 2, 64), do6("do", 1, 300, 2, 64),
         dq6("dq", 1, 300, 2, 64), dk6("dk", 1, 300, 2, 64), dv6("dv", 1, 300, 2, 64);
     const kfa::BackwardPlan b6 = kfa::plan_backward(Exec(), q6, k6, v6, do6, dq6, dk6, dv6, nondet);
-    EXPECT_EQ(b6.atomic_dq, b6.family == P::tensor_core && !kfa::detail::fa2_dq_problem(Exec(), 64).empty() &&
-                                !b6.wgmma)
+    EXPECT_EQ(b6.atomic_dq,
+              b6.family == P::tensor_core && !kfa::detail::fa2_dq_problem(Exec(), 64).empty() && !b6.wgmma)
         << b6.region;
   }
   nondet.path = P::portable;

@@ -7,8 +7,8 @@
 #include "../common/kfa_test.hpp"
 
 #include <kfa/detail/simt/backward.hpp>
-#include <kfa/detail/tc_tf32/family.hpp>  // tf32_space_problem
 #include <kfa/detail/tc_tf32/backward.hpp>
+#include <kfa/detail/tc_tf32/family.hpp>  // tf32_space_problem
 
 #include <algorithm>
 #include <array>
@@ -98,7 +98,9 @@ struct Grads {
 };
 
 enum class Fp32Backward { simt, tf32x3 };
-const char* name_of(Fp32Backward f) { return f == Fp32Backward::simt ? "simt_fp32" : "tensor_core_tf32x3"; }
+const char* name_of(Fp32Backward f) {
+  return f == Fp32Backward::simt ? "simt_fp32" : "tensor_core_tf32x3";
+}
 
 template <int D>
 Grads run_kernel(Fp32Backward family, const Shape& s, const RefOptions& ro, const Tensor<float>& q,
@@ -258,8 +260,8 @@ TEST(Tf32Backward, AgreesWithReferenceAndPortable) {
     int ran = 0;
     auto head_dim = [&](auto dc) {  // where the device gives this head dim's kernels their shared memory
       constexpr int D = decltype(dc)::value;
-      const std::string smem_why = kfa::detail::native_smem_problem(
-          Exec(), kfa::detail::tf32_backward_min_smem<D>(), "the fp32 tensor-core backward");
+      const std::string smem_why = kfa::detail::native_smem_problem(Exec(), kfa::detail::tf32_backward_min_smem<D>(),
+                                                                    "the fp32 tensor-core backward");
       if (!smem_why.empty()) {
         std::printf("[ note ] d = %d: %s\n", D, smem_why.c_str());
         return;

@@ -1,6 +1,6 @@
 // Ring attention on P ranks against the tests' float64 attention over the whole sequence, which every
 // rank computes from the same global tensors (seed broadcast from rank 0, fresh every run).
-#include <kfa/dist/dist.hpp>
+#include <kfa/distributed/dist.hpp>
 
 #include <cstdlib>
 
@@ -34,7 +34,8 @@ std::vector<double> take_rows4(const std::vector<double>& g, const Shape& s, int
   for (int b = 0; b < s.batch; ++b)
     for (const auto& sg : segs)
       for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i)
-        for (int x = 0; x < heads * s.head_dim; ++x) out.push_back(g[(size_t(b) * n_total + i) * heads * s.head_dim + x]);
+        for (int x = 0; x < heads * s.head_dim; ++x)
+          out.push_back(g[(size_t(b) * n_total + i) * heads * s.head_dim + x]);
   return out;
 }
 std::vector<double> take_rows3(const std::vector<double>& g, const Shape& s, long n_total,
@@ -54,19 +55,18 @@ Tensor<T> shard(const Tensor<T>& g, const std::vector<kfa::dist::Segment>& segs)
   for (const auto& sg : segs) n += sg.length;
   Tensor<T> out("shard", g.extent(0), n, g.extent(2), g.extent(3));
   for (const auto& sg : segs)
-    Kokkos::deep_copy(
-        Kokkos::subview(out, Kokkos::ALL, std::make_pair(sg.local_begin, sg.local_begin + sg.length), Kokkos::ALL,
-                        Kokkos::ALL),
-        Kokkos::subview(g, Kokkos::ALL, std::make_pair(sg.global_begin, sg.global_begin + sg.length), Kokkos::ALL,
-                        Kokkos::ALL));
+    Kokkos::deep_copy(Kokkos::subview(out, Kokkos::ALL, std::make_pair(sg.local_begin, sg.local_begin + sg.length),
+                                      Kokkos::ALL, Kokkos::ALL),
+                      Kokkos::subview(g, Kokkos::ALL, std::make_pair(sg.global_begin, sg.global_begin + sg.length),
+                                      Kokkos::ALL, Kokkos::ALL));
   return out;
 }
 
 struct Case {
   Layout layout;
   RefOptions ro;
-  Shape s;                        // seq_q = seq_k = total length
-  std::vector<long> explicit_len;  // contiguous only: per-rank lengths (empty: even cut)
+  Shape s;                            // seq_q = seq_k = total length
+  std::vector<long> explicit_len;     // contiguous only: per-rank lengths (empty: even cut)
   std::size_t max_message_bytes = 0;  // 0: the Ring's default
   bool deterministic = true;          // AttentionOptions::deterministic (false: atomic dQ where it exists)
 };
@@ -238,8 +238,10 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
   const bool had_outer = outer != nullptr;
   const std::string launcher_transport = had_outer ? outer : "";
   auto restore = [&] {
-    if (had_outer) setenv("KFA_RING_TRANSPORT", launcher_transport.c_str(), 1);
-    else unsetenv("KFA_RING_TRANSPORT");
+    if (had_outer)
+      setenv("KFA_RING_TRANSPORT", launcher_transport.c_str(), 1);
+    else
+      unsetenv("KFA_RING_TRANSPORT");
   };
   unsetenv("KFA_RING_TRANSPORT");
   kfa::dist::Ring ring(MPI_COMM_WORLD);
@@ -249,8 +251,10 @@ TEST(RingTransport, ResolvedReportedAndConfigurable) {
   static_assert(!kfa::dist::nccl_available<Kokkos::HostSpace>(), "NCCL is for device memory only");
   // ranks sharing a GPU (e.g. two ranks on a one-GPU machine): automatic passes over NCCL, which cannot
   // put them in one communicator
-  if (ring.ranks_share_device()) EXPECT_NE(ring.resolved_transport<Mem>(), RingTransport::nccl);
-  else if (kfa::dist::nccl_available<Mem>()) EXPECT_EQ(ring.resolved_transport<Mem>(), RingTransport::nccl);
+  if (ring.ranks_share_device())
+    EXPECT_NE(ring.resolved_transport<Mem>(), RingTransport::nccl);
+  else if (kfa::dist::nccl_available<Mem>())
+    EXPECT_EQ(ring.resolved_transport<Mem>(), RingTransport::nccl);
   for (const char* name : {"nccl", "staging", "gpu-aware-mpi"}) {
     setenv("KFA_RING_TRANSPORT", name, 1);
     kfa::dist::Ring asked(MPI_COMM_WORLD);
@@ -324,8 +328,10 @@ TEST(RingErrors, FaultInTheMiddleOfARingFailsEverywhere) {
     kfa::dist::Ring fine(MPI_COMM_WORLD, layout);
     for (int pass = 0; pass < 2; ++pass) {
       try {
-        if (pass == 0) kfa::dist::ring_attention_forward(Exec(), faulty, q, k, v, o, lse);
-        else kfa::dist::ring_attention_backward(Exec(), faulty, q, k, v, o, d_o, lse, dq, dk, dv);
+        if (pass == 0)
+          kfa::dist::ring_attention_forward(Exec(), faulty, q, k, v, o, lse);
+        else
+          kfa::dist::ring_attention_backward(Exec(), faulty, q, k, v, o, d_o, lse, dq, dk, dv);
         ADD_FAILURE() << "no exception on rank " << r << " (pass " << pass << ")";
       } catch (const kfa::Error& e) {
         EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
@@ -348,7 +354,8 @@ TEST(RingErrors, MismatchOnOneRankFailsEverywhere) {
       kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse);
       ADD_FAILURE() << "no exception on rank " << r;
     } catch (const kfa::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("head_dim (q.extent(3)) differs across ranks"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("head_dim (q.extent(3)) differs across ranks"), std::string::npos)
+          << e.what();
     }
   }
   // A local shape error on one rank: every rank gets the same error naming that rank.
@@ -358,7 +365,8 @@ TEST(RingErrors, MismatchOnOneRankFailsEverywhere) {
     kfa::dist::ring_attention_forward(Exec(), ring, q2, k2, v2, bad_o, lse);
     ADD_FAILURE() << "no exception on rank " << r;
   } catch (const kfa::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0 of " + std::to_string(p) + ": kfa::dist::ring_attention_forward: o.extent(1) = 7"),
+    EXPECT_NE(std::string(e.what()).find("rank 0 of " + std::to_string(p) +
+                                         ": kfa::dist::ring_attention_forward: o.extent(1) = 7"),
               std::string::npos)
         << e.what();
   }

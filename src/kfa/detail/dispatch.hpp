@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <type_traits>
+#include <utility>
 
 namespace kfa {
 namespace detail {
@@ -54,9 +54,9 @@ std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
 /// Whether deterministic = false fuses dQ into the dK/dV kernel with atomics at head dim d on `space`: not
 /// at d = 64 where the FA2-layout dQ kernel runs, because there the two-kernel backward (no atomics) was
 /// measured faster (H200, bf16, forward+backward 0.82-0.86x torch's flash against 0.75-0.81x with atomic
-/// dQ; perf/RESULTS.md, seventh session), and not where the wgmma backward runs (two kernels, no atomics):
-/// at d = 128 on the H200 forward+backward ran 236-296 TF/s with atomic dQ against 298-370 deterministic
-/// (perf/RESULTS.md, eleventh session). `wgmma_allowed`: opts.path lets the backward take the wgmma kernels.
+/// dQ), and not where the wgmma backward runs (two kernels, no atomics): at d = 128 forward+backward ran
+/// 236-296 TF/s with atomic dQ against 298-370 deterministic (H200, bf16). `wgmma_allowed`: opts.path lets the backward
+/// take the wgmma kernels.
 template <class ExecSpace>
 bool tc_atomic_dq_pays(const ExecSpace& space, int d, bool wgmma_allowed) {
   return (d > 64 || !fa2_dq_problem(space, d).empty()) &&
@@ -125,7 +125,8 @@ void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, con
       return;
     }
   }
-  const char* name = FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
+  const char* name =
+      FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core]" : "kfa::attention_backward::dkdv[tensor_core]";
   if constexpr (tc_fa2_backward_used<D, FuseDq>()) {
     using S = Fa2BackwardShape<D, FuseDq>;
     if (kn.fa2) {
@@ -142,27 +143,27 @@ void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, con
     fail("kfa::attention_backward: the FA2-layout dK/dV kernel, the only one at head_dim = ", D,
          ", does not fit this device's shared memory");
   } else {
-  using S = TcBackwardShape<D, FuseDq>;
-  using K1 = TcDkDvKernel<D, Softcap, FuseDq, Args>;
-  const K1 k1(args, dq_acc);
-  const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
-  checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
-  // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
-  // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
-  // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
-  // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
-  // Kokkos, so that instance is not even compiled (it only cost registers and build time).
-  constexpr std::size_t kokkos_cuda_l0_cap = 40936;
-  if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
-    if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
-      typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
-      p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
-      Kokkos::parallel_for(name, p1, k1);
-      return;
+    using S = TcBackwardShape<D, FuseDq>;
+    using K1 = TcDkDvKernel<D, Softcap, FuseDq, Args>;
+    const K1 k1(args, dq_acc);
+    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
+    // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
+    // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
+    // the cause is not found), the d = 128 one 6% faster than the previous single-stage Kokkos kernel.
+    // Tiles above Kokkos CUDA's team-scratch cap (40,936 B up to Kokkos 5.1) are never launched through
+    // Kokkos, so that instance is not even compiled (it only cost registers and build time).
+    constexpr std::size_t kokkos_cuda_l0_cap = 40936;
+    if constexpr (S::dkdv_scratch <= kokkos_cuda_l0_cap) {
+      if (S::dkdv_scratch <= static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>())) {
+        typename K1::policy_type p1(space, static_cast<int>(league), S::dkdv_warps, 32);
+        p1.set_scratch_size(0, Kokkos::PerTeam(S::dkdv_scratch));
+        Kokkos::parallel_for(name, p1, k1);
+        return;
+      }
     }
-  }
-  native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
-                K1::MIN_BLOCKS, k1);
+    native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
+                  K1::MIN_BLOCKS, k1);
   }
 #else
   (void)space, (void)args, (void)dq_acc, (void)kn;
@@ -188,20 +189,19 @@ void tc_backward_launch_d(const ExecSpace& space, const Args& args, const TcBack
     const long n = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(1)) * static_cast<long>(q.extent(2)) * D;
     Kokkos::View<float*, typename ExecSpace::memory_space> acc(
         Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
-    if (k.extent(1) > 0)
-      tc_dkdv_launch<D, Softcap, true>(space, args, acc.data(), kn);
+    if (k.extent(1) > 0) tc_dkdv_launch<D, Softcap, true>(space, args, acc.data(), kn);
     // dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), one warp per row.
     const float* a = acc.data();
     const std::int64_t seq_q = static_cast<std::int64_t>(q.extent(1)), heads_q = static_cast<std::int64_t>(q.extent(2));
     for_each_element4(
         "kfa::attention_backward::dq_from_accumulator", space, dq,
         KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const std::int64_t c) {
-          dq(b, i, h, c) = static_cast<typename DQV::non_const_value_type>(a[((b * seq_q + i) * heads_q + h) * D + c] * scale);
+          dq(b, i, h, c) =
+              static_cast<typename DQV::non_const_value_type>(a[((b * seq_q + i) * heads_q + h) * D + c] * scale);
         });
     return;  // acc's deallocation waits for the device (Kokkos synchronizes before freeing device memory)
   }
-  if (k.extent(1) > 0 && parts != BackwardParts::dq)
-    tc_dkdv_launch<D, Softcap, false>(space, args, nullptr, kn);
+  if (k.extent(1) > 0 && parts != BackwardParts::dq) tc_dkdv_launch<D, Softcap, false>(space, args, nullptr, kn);
   if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
     if constexpr (D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (kn.wgmma) {
@@ -217,13 +217,13 @@ void tc_backward_launch_d(const ExecSpace& space, const Args& args, const TcBack
       fail("kfa::attention_backward: the FA2-layout dQ kernel, the only one at head_dim = ", D,
            ", does not fit this device's shared memory");
     } else {
-    using K2 = TcDqKernel<D, Softcap, Args>;
-    const K2 k2(args);
-    const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
-    checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
-    typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
-    p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));
-    Kokkos::parallel_for("kfa::attention_backward::dq[tensor_core]", p2, k2);
+      using K2 = TcDqKernel<D, Softcap, Args>;
+      const K2 k2(args);
+      const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
+      checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
+      typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
+      p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));
+      Kokkos::parallel_for("kfa::attention_backward::dq[tensor_core]", p2, k2);
     }
   }
 #else

@@ -79,7 +79,8 @@ inline std::string output_path_problem(const std::string& option, const std::str
   const std::string base = base_name(path);
   if (name_max > 0 && static_cast<long>(base.size()) > name_max)
     return option + " " + path + ": the file name has " + std::to_string(base.size()) +
-           " characters; the file system holding " + dir + " allows at most " + std::to_string(name_max) + " (NAME_MAX)";
+           " characters; the file system holding " + dir + " allows at most " + std::to_string(name_max) +
+           " (NAME_MAX)";
   return "";
 }
 
@@ -144,8 +145,10 @@ inline std::string write_text_temporary(const std::string& tmp, const std::strin
   while (done < text.size() && err.empty()) {
     const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) err = "writing " + tmp + " failed: " + std::strerror(w < 0 ? errno : EIO);
-    else done += static_cast<size_t>(w);
+    if (w <= 0)
+      err = "writing " + tmp + " failed: " + std::strerror(w < 0 ? errno : EIO);
+    else
+      done += static_cast<size_t>(w);
   }
   if (err.empty() && ::fsync(fd) != 0 && errno != EINVAL) err = "flushing " + tmp + " failed: " + std::strerror(errno);
   if (::close(fd) != 0 && err.empty()) err = "closing " + tmp + " failed: " + std::strerror(errno);

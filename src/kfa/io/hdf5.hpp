@@ -9,7 +9,8 @@
 #include <hdf5.h>
 #include <mpi.h>
 
-#include <kfa/dist/shard.hpp>
+#include <kfa/distributed/agreement.hpp>
+#include <kfa/distributed/shard.hpp>
 #include <kfa/error.hpp>
 
 #include <kfa/io/files.hpp>
@@ -49,7 +50,9 @@ constexpr bool parallel_hdf5() {
   return false;
 #endif
 }
-inline const char* io_mode() { return parallel_hdf5() ? "parallel HDF5 (collective MPI-IO)" : "serial HDF5 (rank-0 I/O)"; }
+inline const char* io_mode() {
+  return parallel_hdf5() ? "parallel HDF5 (collective MPI-IO)" : "serial HDF5 (rank-0 I/O)";
+}
 
 /// "4.1.4" (Open MPI) or the MPI standard version ("3.1") of other MPIs: for messages and reports.
 inline std::string mpi_library_version() {
@@ -141,7 +144,7 @@ inline Float16 to_float16(double x) {
   if (e >= 1) {  // normal: drop 42 of the 52 mantissa bits; a carry runs into the exponent (65520 -> Inf)
     keep = (static_cast<std::uint64_t>(e) << 10) | (man >> 42);
     rest = man & ((1ULL << 42) - 1), half = 1ULL << 41;
-  } else {  // subnormal: the value in units of 2^-24
+  } else {                         // subnormal: the value in units of 2^-24
     const int shift = 1051 - exp;  // >= 43
     if (exp == 0 || shift > 54) {  // below 2^-25 (or a double subnormal): rounds to zero
       h.bits = sign;
@@ -172,7 +175,8 @@ inline std::vector<RowBlock> row_blocks(const std::vector<long>& dims, int seq_d
                                         const std::vector<kfa::dist::Segment>& segs, std::size_t max_elements) {
   std::size_t outer = 1, inner = 1;
   for (int i = 0; i < seq_dim; ++i) outer *= static_cast<std::size_t>(dims[i]);
-  for (std::size_t i = static_cast<std::size_t>(seq_dim) + 1; i < dims.size(); ++i) inner *= static_cast<std::size_t>(dims[i]);
+  for (std::size_t i = static_cast<std::size_t>(seq_dim) + 1; i < dims.size(); ++i)
+    inner *= static_cast<std::size_t>(dims[i]);
   long n = 0;
   for (const auto& s : segs) n += s.length;
   const long step = static_cast<long>(std::max<std::size_t>(1, inner == 0 ? 1 : max_elements / inner));
@@ -201,10 +205,14 @@ inline std::vector<RowBlock> row_blocks(const std::vector<long>& dims, int seq_d
 enum class FileType { float64, float32, float16, other };
 inline const char* to_string(FileType t) {
   switch (t) {
-    case FileType::float64: return "float64";
-    case FileType::float32: return "float32";
-    case FileType::float16: return "float16";
-    default: return "unsupported";
+    case FileType::float64:
+      return "float64";
+    case FileType::float32:
+      return "float32";
+    case FileType::float16:
+      return "float16";
+    default:
+      return "unsupported";
   }
 }
 
@@ -254,10 +262,17 @@ inline std::string type_text(hid_t type) {
   const size_t sz = H5Tget_size(type);
   const FileType t = classify(type);
   if (t != FileType::other) return to_string(t);
-  const char* name = c == H5T_INTEGER ? "integer" : c == H5T_FLOAT ? "float" : c == H5T_STRING ? "string"
-                     : c == H5T_BITFIELD ? "bitfield" : c == H5T_OPAQUE ? "opaque" : c == H5T_COMPOUND ? "compound"
-                     : c == H5T_REFERENCE ? "reference" : c == H5T_ENUM ? "enum" : c == H5T_VLEN ? "variable-length"
-                     : c == H5T_ARRAY ? "array" : "unknown";
+  const char* name = c == H5T_INTEGER     ? "integer"
+                     : c == H5T_FLOAT     ? "float"
+                     : c == H5T_STRING    ? "string"
+                     : c == H5T_BITFIELD  ? "bitfield"
+                     : c == H5T_OPAQUE    ? "opaque"
+                     : c == H5T_COMPOUND  ? "compound"
+                     : c == H5T_REFERENCE ? "reference"
+                     : c == H5T_ENUM      ? "enum"
+                     : c == H5T_VLEN      ? "variable-length"
+                     : c == H5T_ARRAY     ? "array"
+                                          : "unknown";
   std::string out = std::string(name) + " (" + std::to_string(sz) + " bytes";
   if (c == H5T_COMPOUND && H5Tget_nmembers(type) == 2) out += ": a complex number?";
   return out + ")";
@@ -279,7 +294,8 @@ inline std::string link_text(hid_t file, const std::string& name) {
   if (li.type == H5L_TYPE_SOFT) return " (a soft link to " + std::string(buf.data()) + ")";
   unsigned flags = 0;
   const char *target_file = nullptr, *target_path = nullptr;
-  if (H5Lunpack_elink_val(buf.data(), li.u.val_size, &flags, &target_file, &target_path) < 0) return " (an external link)";
+  if (H5Lunpack_elink_val(buf.data(), li.u.val_size, &flags, &target_file, &target_path) < 0)
+    return " (an external link)";
   return " (an external link to " + std::string(target_file ? target_file : "?") + ":" +
          std::string(target_path ? target_path : "?") + ")";
 }
@@ -376,7 +392,8 @@ inline std::string block_rows(const RowBlock& b) {
 inline void send_bytes(const void* p, std::size_t bytes, int to, int tag, MPI_Comm comm) {
   const std::size_t chunk = std::size_t(1) << 30;
   for (std::size_t off = 0; off < bytes; off += chunk)
-    MPI_Send(static_cast<const char*>(p) + off, static_cast<int>(std::min(chunk, bytes - off)), MPI_BYTE, to, tag, comm);
+    MPI_Send(static_cast<const char*>(p) + off, static_cast<int>(std::min(chunk, bytes - off)), MPI_BYTE, to, tag,
+             comm);
 }
 inline void recv_bytes(void* p, std::size_t bytes, int from, int tag, MPI_Comm comm) {
   const std::size_t chunk = std::size_t(1) << 30;
@@ -397,20 +414,6 @@ inline RowBlock block_of_header(const long* h, std::size_t ndims, int seq_dim) {
   b.start.assign(h, h + ndims), b.count.assign(h + ndims, h + 2 * ndims);
   b.offset = static_cast<std::size_t>(h[2 * ndims]), b.elements = static_cast<std::size_t>(h[2 * ndims + 1]);
   return b;
-}
-
-/// Every rank throws the first failing rank's message (collective).
-inline void agree(MPI_Comm comm, const std::string& local_error) {
-  constexpr int len = 1024;
-  int rank, size;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  char mine[len] = {0};
-  std::snprintf(mine, sizeof(mine), "%s", local_error.c_str());
-  std::vector<char> all(len * static_cast<size_t>(size));
-  MPI_Allgather(mine, len, MPI_CHAR, all.data(), len, MPI_CHAR, comm);
-  for (int r = 0; r < size; ++r)
-    if (all[len * r] != '\0') throw kfa::Error(std::string(&all[len * r]));
 }
 
 /// The innermost messages of HDF5's error stack (the driver's errno text or MPI error string first); call
@@ -442,8 +445,8 @@ inline std::string hdf5_error_text() {
 /// Every rank throws, as kfa::Error, the message of the first rank whose `local_error` is not empty (its
 /// first 1023 characters); when all are empty every rank returns. Use it to turn a decision one rank makes
 /// (a failed check, a file that cannot be written) into one every rank takes alike, so that none is left
-/// waiting in a later collective call. Collective over comm.
-inline void agree(MPI_Comm comm, const std::string& local_error) { detail::agree(comm, local_error); }
+/// waiting in a later collective call. Collective over comm. (kfa::dist::agree, shared with the ring.)
+using kfa::dist::agree;
 
 /// An HDF5 file opened for reading by every rank (parallel) or by rank 0 (serial). Every failure, also of a
 /// metadata operation only rank 0 performs, is a collective decision: every rank throws the same kfa::Error
@@ -465,7 +468,7 @@ class Reader {
       else
         err = mpi_io_path_problem("--input", path, m_size);  // H5Fopen hands the path to MPI-IO
     }
-    detail::agree(comm, err);  // every rank knows before the collective H5Fopen
+    kfa::dist::agree(comm, err);  // every rank knows before the collective H5Fopen
     if (parallel_hdf5() || m_rank == 0) {
       detail::Handle fapl = detail::file_access(comm);
       m_file = detail::Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
@@ -473,7 +476,7 @@ class Reader {
         err = "kfa::io: --input " + path + ": cannot be opened: not an HDF5 file or truncated (" +
               detail::hdf5_error_text() + ")";
     }
-    detail::agree(comm, err);
+    kfa::dist::agree(comm, err);
   }
   /// Shape and type of dataset `name`; `exists` false when there is no such name. A name that is not a
   /// dataset (a group, say) or a link that cannot be followed (a dangling soft or external link) throws,
@@ -484,7 +487,7 @@ class Reader {
     DatasetInfo d;
     std::string err;
     if (parallel_hdf5() || m_rank == 0) err = look(name, d);
-    detail::agree(m_comm, err);
+    kfa::dist::agree(m_comm, err);
     // rank 0's answer for every rank (the same in parallel mode; the only one in serial mode)
     long buf[4 + 32] = {0};  // exists, type, rank, text length, dims
     std::string text = d.type_text;
@@ -520,7 +523,7 @@ class Reader {
 #ifdef KFA_IO_PARALLEL
     detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
     if (ds.id < 0) err = read_failure(name, "opening", segs);
-    detail::agree(m_comm, err);
+    kfa::dist::agree(m_comm, err);
     detail::Handle fspace(H5Dget_space(ds), H5Sclose);
     detail::select_rows(fspace, info.dims, 1, segs);
     const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(n),
@@ -529,7 +532,7 @@ class Reader {
     if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
     detail::Handle dxpl = detail::transfer();
     if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out.data()) < 0) err = read_failure(name, "reading", segs);
-    detail::agree(m_comm, err);
+    kfa::dist::agree(m_comm, err);
 #else
     // Rank 0 reads every rank's rows and sends them (zeros after a failure, so no rank is left waiting);
     // the others receive theirs; then all agree.
@@ -549,15 +552,18 @@ class Reader {
           const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(nr),
                                     static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
           detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
-          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0) err = read_failure(name, "reading", rs);
+          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
+            err = read_failure(name, "reading", rs);
         }
-        if (r == 0) out.swap(buf);
-        else detail::send_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
+        if (r == 0)
+          out.swap(buf);
+        else
+          detail::send_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
       }
     } else {
       detail::recv_bytes(out.data(), out.size() * sizeof(T), 0, tag, m_comm);
     }
-    detail::agree(m_comm, err);
+    kfa::dist::agree(m_comm, err);
 #endif
   }
   /// Reads block `b` of dataset `name` (row_blocks of info.dims) into `out` (b.elements values), converting
@@ -574,21 +580,22 @@ class Reader {
     (void)info;
     detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
     if (ds.id < 0) err = read_failure(name, "opening", detail::block_rows(b));
-    detail::agree(m_comm, err);
+    kfa::dist::agree(m_comm, err);
     detail::Handle fspace(H5Dget_space(ds), H5Sclose);
     detail::select_block(fspace, b);
     detail::Handle mspace = detail::block_memory_space(b);
     detail::Handle dxpl = detail::transfer();
-    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out) < 0) err = read_failure(name, "reading", detail::block_rows(b));
-    detail::agree(m_comm, err);
+    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out) < 0)
+      err = read_failure(name, "reading", detail::block_rows(b));
+    kfa::dist::agree(m_comm, err);
 #else
     // Rank 0 reads every rank's block and sends it (zeros after a failure, so no rank is left waiting).
     const int tag = 79;
     const std::size_t nd = info.dims.size();
     const std::vector<long> mine = detail::block_header(b, nd);
     std::vector<long> all(m_rank == 0 ? mine.size() * static_cast<std::size_t>(m_size) : 0);
-    MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_LONG, all.data(), static_cast<int>(mine.size()), MPI_LONG, 0,
-               m_comm);
+    MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_LONG, all.data(), static_cast<int>(mine.size()),
+               MPI_LONG, 0, m_comm);
     if (m_rank == 0) {
       detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
       if (ds.id < 0) err = read_failure(name, "opening", detail::block_rows(b));
@@ -602,14 +609,15 @@ class Reader {
           detail::Handle fspace(H5Dget_space(ds), H5Sclose);
           detail::select_block(fspace, rb);
           detail::Handle mspace = detail::block_memory_space(rb);
-          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, dst) < 0) err = read_failure(name, "reading", detail::block_rows(rb));
+          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, dst) < 0)
+            err = read_failure(name, "reading", detail::block_rows(rb));
         }
         if (r != 0) detail::send_bytes(buf.data(), buf.size() * sizeof(M), r, tag, m_comm);
       }
     } else if (b.elements > 0) {
       detail::recv_bytes(out, b.elements * sizeof(M), 0, tag, m_comm);
     }
-    detail::agree(m_comm, err);
+    kfa::dist::agree(m_comm, err);
 #endif
   }
 
@@ -630,13 +638,16 @@ class Reader {
     const H5I_type_t kind = H5Iget_type(obj);
     if (kind != H5I_DATASET)
       return where + "'" + name + "'" + link + " is " +
-             (kind == H5I_GROUP ? "a group" : kind == H5I_DATATYPE ? "a named datatype" : "not a dataset") +
+             (kind == H5I_GROUP      ? "a group"
+              : kind == H5I_DATATYPE ? "a named datatype"
+                                     : "not a dataset") +
              ", not a dataset";
     detail::Handle type(H5Dget_type(obj), H5Tclose);
     detail::Handle space(H5Dget_space(obj), H5Sclose);
     const int nd = space.id < 0 ? -1 : H5Sget_simple_extent_ndims(space);
     if (type.id < 0 || nd < 0)
-      return where + "dataset '" + name + "'" + link + ": cannot read its type or shape (" + detail::hdf5_error_text() + ")";
+      return where + "dataset '" + name + "'" + link + ": cannot read its type or shape (" + detail::hdf5_error_text() +
+             ")";
     if (nd > 32) return where + "dataset '" + name + "' has rank " + std::to_string(nd) + "; expected 4";
     std::vector<hsize_t> dims(static_cast<size_t>(nd));
     if (nd > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
@@ -652,11 +663,13 @@ class Reader {
   }
   // A failed open or read of `name` for the rows `segs`, with HDF5's innermost reason (a filter that failed:
   // a corrupted compressed chunk, say). Call right after the failing HDF5 call.
-  std::string read_failure(const std::string& name, const char* what, const std::vector<kfa::dist::Segment>& segs) const {
+  std::string read_failure(const std::string& name, const char* what,
+                           const std::vector<kfa::dist::Segment>& segs) const {
     std::string rows;
     for (const auto& s : segs)
       if (s.length > 0)
-        rows += (rows.empty() ? "" : ", ") + std::to_string(s.global_begin) + ".." + std::to_string(s.global_begin + s.length - 1);
+        rows += (rows.empty() ? "" : ", ") + std::to_string(s.global_begin) + ".." +
+                std::to_string(s.global_begin + s.length - 1);
     return read_failure(name, what, rows);
   }
   std::string read_failure(const std::string& name, const char* what, const std::string& rows) const {
@@ -666,7 +679,8 @@ class Reader {
   // Serial mode: every rank's segments (at most two), gathered so rank 0 can read for them. Collective.
   void gather_segments(const std::vector<kfa::dist::Segment>& mine) {
     long local[4] = {0, 0, 0, 0};
-    for (size_t i = 0; i < mine.size() && i < 2; ++i) local[2 * i] = mine[i].global_begin, local[2 * i + 1] = mine[i].length;
+    for (size_t i = 0; i < mine.size() && i < 2; ++i)
+      local[2 * i] = mine[i].global_begin, local[2 * i + 1] = mine[i].length;
     m_all_segs.assign(4 * static_cast<size_t>(m_size), 0);
     MPI_Allgather(local, 4, MPI_LONG, m_all_segs.data(), 4, MPI_LONG, m_comm);
   }
@@ -716,7 +730,7 @@ class Writer {
     m_tmp = kfa::io::temporary_path(path, id);
     m_reserve = m_tmp + ".reserve";
     // The temporary's name is short (temporary_stem); its directory may still make the path too long.
-    detail::agree(comm, mpi_io_path_problem("--output " + path + ": its temporary", m_tmp, m_size));
+    kfa::dist::agree(comm, mpi_io_path_problem("--output " + path + ": its temporary", m_tmp, m_size));
     std::string err;
     if (m_rank == 0) err = reserve(expected_bytes);
     int preallocated = m_preallocated ? 1 : 0;  // rank 0's: every rank transfers alike
@@ -769,7 +783,8 @@ class Writer {
     std::string err;
 #ifdef KFA_IO_PARALLEL
     detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-    detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
+    detail::Handle ds(
+        H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
     if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
     agree(err);
     ensure_allocated(ds);
@@ -789,7 +804,9 @@ class Writer {
     const int tag = 78;
     if (m_rank == 0) {
       detail::Handle fspace0(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
+      detail::Handle ds(
+          H5Dcreate2(m_file, name.c_str(), type, fspace0, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT),
+          H5Dclose);
       if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
       if (err.empty()) err = grow_allocation(ds);
       for (int r = 0; r < m_size; ++r) {
@@ -823,7 +840,8 @@ class Writer {
       }
     } else {
       long hdr[4] = {0, 0, 0, 0};
-      for (size_t i = 0; i < segs.size() && i < 2; ++i) hdr[2 * i] = segs[i].global_begin, hdr[2 * i + 1] = segs[i].length;
+      for (size_t i = 0; i < segs.size() && i < 2; ++i)
+        hdr[2 * i] = segs[i].global_begin, hdr[2 * i + 1] = segs[i].length;
       MPI_Send(hdr, 4, MPI_LONG, 0, tag, m_comm);
       detail::send_bytes(data.data(), data.size() * sizeof(T), 0, tag, m_comm);
     }
@@ -838,14 +856,19 @@ class Writer {
       std::vector<hsize_t> hd(dims.begin(), dims.end());
       detail::Handle type = detail::file_type(stored);
       detail::Handle fspace(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr), H5Sclose);
-      detail::Handle ds(H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT), H5Dclose);
-      if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
-      else m_datasets[name] = std::move(ds);
+      detail::Handle ds(
+          H5Dcreate2(m_file, name.c_str(), type, fspace, H5P_DEFAULT, detail::early_allocation(), H5P_DEFAULT),
+          H5Dclose);
+      if (ds.id < 0)
+        err = failure("creating dataset '" + name + "' in");
+      else
+        m_datasets[name] = std::move(ds);
     }
     m_dims[name] = dims;
     agree(err);
     const auto created = m_datasets.find(name);
-    ensure_allocated(created == m_datasets.end() ? -1 : created->second.id);  // its blocks, before write_block writes them
+    ensure_allocated(created == m_datasets.end() ? -1
+                                                 : created->second.id);  // its blocks, before write_block writes them
   }
   /// Writes block `b` (row_blocks of the dataset's dims) of dataset `name` (create_dataset) from `data`
   /// (b.elements values of M: float, double or Float16; HDF5 converts float and double to the stored type,
@@ -888,7 +911,8 @@ class Writer {
         detail::Handle fspace(H5Dget_space(ds), H5Sclose);
         detail::select_block(fspace, rb);
         detail::Handle mspace = detail::block_memory_space(rb);
-        if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, src) < 0) err = failure("writing dataset '" + name + "' to");
+        if (H5Dwrite(ds, mem_type, mspace, fspace, H5P_DEFAULT, src) < 0)
+          err = failure("writing dataset '" + name + "' to");
       }
     } else {
       const std::vector<long> h = detail::block_header(b, nd);
@@ -909,7 +933,9 @@ class Writer {
     const char* p = value.c_str();
     write_attribute(key, type, &p);
   }
-  void attribute(const std::string& key, const char* value) { attribute(key, std::string(value)); }
+  void attribute(const std::string& key, const char* value) {
+    attribute(key, std::string(value));
+  }
   void attribute(const std::string& key, bool value) {
     detail::Handle type(H5Tenum_create(H5T_NATIVE_SCHAR), H5Tclose);
     signed char f = 0, t = 1;
@@ -918,8 +944,11 @@ class Writer {
     const signed char v = value ? 1 : 0;
     write_attribute(key, type, &v);
   }
-  void attribute(const std::string& key, double value) { write_attribute(key, H5T_NATIVE_DOUBLE, &value); }
-  template <class I, typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value, int>::type = 0>
+  void attribute(const std::string& key, double value) {
+    write_attribute(key, H5T_NATIVE_DOUBLE, &value);
+  }
+  template <class I,
+            typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value, int>::type = 0>
   void attribute(const std::string& key, I value) {
     const long long v = static_cast<long long>(value);
     write_attribute(key, H5T_NATIVE_LLONG, &v);
@@ -929,7 +958,7 @@ class Writer {
   void close() {
     if (m_closed) return;
     ensure_allocated();  // the last dataset + 256 KiB: room for the metadata the flush writes (attributes)
-    release_reserve();  // no fallocate: the headroom kept back for HDF5's metadata
+    release_reserve();   // no fallocate: the headroom kept back for HDF5's metadata
     m_datasets.clear();  // open datasets would make H5Fclose fail (MPI-IO files close with H5F_CLOSE_SEMI)
     MPI_Barrier(m_comm);
     std::string err;
@@ -945,7 +974,8 @@ class Writer {
     // HDF5 cut or extended the file to its end of allocation; the blocks allocated beyond that (the 1 MiB,
     // an overestimate) are given back by truncating to the size it has (ext4, tmpfs; best effort).
     struct stat st;
-    if (m_rank == 0 && m_preallocated && ::stat(m_tmp.c_str(), &st) == 0 && ::truncate(m_tmp.c_str(), st.st_size) != 0) {
+    if (m_rank == 0 && m_preallocated && ::stat(m_tmp.c_str(), &st) == 0 &&
+        ::truncate(m_tmp.c_str(), st.st_size) != 0) {
       // harmless: the file is complete, only larger on disk
     }
     m_closed = true;
@@ -962,7 +992,9 @@ class Writer {
     m_committed = true;  // renamed, or (on failure) removed by commit_temporary
     agree(err);
   }
-  const std::string& temporary_path() const { return m_tmp; }
+  const std::string& temporary_path() const {
+    return m_tmp;
+  }
 
  private:
   // What failed, with HDF5's innermost reason (the driver's errno text or MPI error string) and whether
@@ -984,7 +1016,7 @@ class Writer {
   // Every rank throws the first failing rank's message; the destructor then discards (collectively).
   void agree(const std::string& err) {
     try {
-      detail::agree(m_comm, err);
+      kfa::dist::agree(m_comm, err);
     } catch (...) {
       m_agreed_failure = true;
       throw;
@@ -1024,13 +1056,14 @@ class Writer {
     if (ds >= 0) {
       const haddr_t at = H5Dget_offset(ds);
       if (at == HADDR_UNDEF) return failure("locating a dataset's storage in");
-      m_data_end = std::max<unsigned long long>(m_data_end, static_cast<unsigned long long>(at) + H5Dget_storage_size(ds));
+      m_data_end =
+          std::max<unsigned long long>(m_data_end, static_cast<unsigned long long>(at) + H5Dget_storage_size(ds));
     }
     const unsigned long long need = std::max<unsigned long long>(m_data_end + k_trailing_metadata, m_allocated);
     const int rc = allocate_blocks(all ? 0 : m_allocated, need);
     if (rc == 0) return "";
-    return "kfa::io: --output " + m_path + ": allocating " + std::to_string(need) + " bytes for " + m_tmp + " failed: " +
-           std::strerror(rc) + " (" + free_bytes() + " bytes free)";
+    return "kfa::io: --output " + m_path + ": allocating " + std::to_string(need) + " bytes for " + m_tmp +
+           " failed: " + std::strerror(rc) + " (" + free_bytes() + " bytes free)";
   }
   // Rank 0: disk blocks for bytes [from, to) of the temporary, its size unchanged (the file stays as HDF5
   // writes it); 0 or the errno (EOPNOTSUPP: a file system without fallocate, or the KFA_IO_NO_FALLOCATE test
@@ -1044,7 +1077,8 @@ class Writer {
     if (fd < 0) return errno;
     int rc;
     do {
-      rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(to - from)) == 0 ? 0 : errno;
+      rc = ::fallocate(fd, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from), static_cast<off_t>(to - from)) == 0 ? 0
+                                                                                                              : errno;
     } while (rc == EINTR);
     ::close(fd);
     if (rc == 0) m_allocated = std::max(m_allocated, to);
@@ -1101,17 +1135,19 @@ class Writer {
   std::map<std::string, detail::Handle> m_datasets;  // created by create_dataset, open until close()
   std::map<std::string, std::vector<long>> m_dims;
   bool m_closed = false, m_committed = false, m_agreed_failure = false;
-  bool m_preallocated = false;        // the temporary's blocks are allocated (agreed); else independent writes
+  bool m_preallocated = false;         // the temporary's blocks are allocated (agreed); else independent writes
   unsigned long long m_allocated = 0;  // rank 0: bytes [0, m_allocated) of the temporary have blocks
   unsigned long long m_data_end = 0;   // rank 0: the end of the last dataset's storage in the file
-  static constexpr unsigned long long k_headroom = 1 << 20;            // allocated beyond the expected bytes
+  static constexpr unsigned long long k_headroom = 1 << 20;           // allocated beyond the expected bytes
   static constexpr unsigned long long k_trailing_metadata = 1 << 18;  // allocated beyond the last dataset
   int m_exceptions_at_start = std::uncaught_exceptions();
 };
 
 /// Closes every HDF5 object still open (one left by a close that failed on a full disk, say) while MPI is
 /// still up: call before MPI_Finalize, whose HDF5 clean-up would otherwise close it without MPI.
-inline void finalize() { H5close(); }
+inline void finalize() {
+  H5close();
+}
 
 }  // namespace io
 }  // namespace kfa

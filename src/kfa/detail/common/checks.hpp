@@ -124,8 +124,8 @@ void check_extents(const char* fn, const char* name, const V& x, std::initialize
   std::size_t r = 0;
   for (auto w : want) {
     if (x.extent(r) != w)
-      fail(fn, ": ", name, ".extent(", r, ") = ", x.extent(r), " but must be ", w, " (", name, " is ",
-           extents_of(x), ", expected ", extents_string(want), ")");
+      fail(fn, ": ", name, ".extent(", r, ") = ", x.extent(r), " but must be ", w, " (", name, " is ", extents_of(x),
+           ", expected ", extents_string(want), ")");
     ++r;
   }
 }
@@ -144,8 +144,7 @@ void check_qkv_and_options(const char* fn, const QV& q, const KV& k, const VV& v
   if (d % 8 != 0 || d < 8 || d > 256)
     fail(fn, ": head_dim q.extent(3) = ", d, " is unsupported (must be a multiple of 8 in [8, 256])");
   if (opts.window_left < -1) fail(fn, ": opts.window_left = ", opts.window_left, " (must be >= -1; -1 = unbounded)");
-  if (opts.window_right < -1)
-    fail(fn, ": opts.window_right = ", opts.window_right, " (must be >= -1; -1 = unbounded)");
+  if (opts.window_right < -1) fail(fn, ": opts.window_right = ", opts.window_right, " (must be >= -1; -1 = unbounded)");
   if (!std::isfinite(opts.softmax_scale) || opts.softmax_scale < 0)
     fail(fn, ": opts.softmax_scale = ", opts.softmax_scale, " (must be finite and >= 0; 0 = 1/sqrt(head_dim))");
   if (!std::isfinite(opts.softcap) || opts.softcap < 0)

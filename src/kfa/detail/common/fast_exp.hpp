@@ -100,7 +100,6 @@ KOKKOS_INLINE_FUNCTION double fast_exp(double x) {
 #endif
 }
 
-
 #if defined(__GNUC__) && !defined(__CUDACC__)
 // Vector arguments and returns below are only ever inlined into functions of the matching ISA (the
 // standalone instances GCC warns about when it compiles them for the baseline are never called).
@@ -143,7 +142,9 @@ struct LaneVec {
   static constexpr int width = VB / static_cast<int>(sizeof(Acc));
   // By reference, not by value: vector arguments and returns wider than the baseline's registers draw
   // GCC's -Wpsabi notes for the instances it compiles for the baseline (never called: always inlined).
-  __attribute__((always_inline)) static void load(type& out, const Acc* p) { out = *reinterpret_cast<const unaligned*>(p); }
+  __attribute__((always_inline)) static void load(type& out, const Acc* p) {
+    out = *reinterpret_cast<const unaligned*>(p);
+  }
   __attribute__((always_inline)) static void store(Acc* p, const type& v) { *reinterpret_cast<unaligned*>(p) = v; }
 };
 #else

@@ -52,15 +52,18 @@ enum class HostIsa : int { scalar = 0, sse2 = 1, avx2 = 2, avx512 = 3 };
 
 inline const char* to_string(HostIsa isa) {
   switch (isa) {
-    case HostIsa::scalar: return "scalar";
+    case HostIsa::scalar:
+      return "scalar";
     case HostIsa::sse2:
 #if defined(__ARM_NEON)
       return "neon";
 #else
       return "sse2";
 #endif
-    case HostIsa::avx2: return "avx2";
-    case HostIsa::avx512: return "avx512";
+    case HostIsa::avx2:
+      return "avx2";
+    case HostIsa::avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -103,10 +106,14 @@ inline HostIsa runtime_host_isa() {
 #endif
     if (const char* env = std::getenv("KFA_HOST_ISA")) {
       HostIsa cap = best;
-      if (!std::strcmp(env, "scalar")) cap = HostIsa::scalar;
-      else if (!std::strcmp(env, "sse2") || !std::strcmp(env, "neon")) cap = HostIsa::sse2;
-      else if (!std::strcmp(env, "avx2")) cap = HostIsa::avx2;
-      else if (!std::strcmp(env, "avx512")) cap = HostIsa::avx512;
+      if (!std::strcmp(env, "scalar"))
+        cap = HostIsa::scalar;
+      else if (!std::strcmp(env, "sse2") || !std::strcmp(env, "neon"))
+        cap = HostIsa::sse2;
+      else if (!std::strcmp(env, "avx2"))
+        cap = HostIsa::avx2;
+      else if (!std::strcmp(env, "avx512"))
+        cap = HostIsa::avx512;
       if (static_cast<int>(cap) < static_cast<int>(best)) best = cap;
     }
     return best;
@@ -118,7 +125,9 @@ inline HostIsa runtime_host_isa() {
 
 /// The vector ISA the host kernels of this process use: the widest the CPU runs (run-time dispatch on
 /// x86-64) or, without dispatch, the compiled baseline; `KFA_HOST_ISA` caps it.
-inline HostIsa host_isa() { return detail::runtime_host_isa(); }
+inline HostIsa host_isa() {
+  return detail::runtime_host_isa();
+}
 
 namespace detail {
 
@@ -130,9 +139,13 @@ struct IsaTag {
 
 #if KFA_HOST_DISPATCH
 template <class F>
-KFA_TARGET_AVX512 __attribute__((noinline)) void run_for_avx512(const F& f) { f(IsaTag<HostIsa::avx512>{}); }
+KFA_TARGET_AVX512 __attribute__((noinline)) void run_for_avx512(const F& f) {
+  f(IsaTag<HostIsa::avx512>{});
+}
 template <class F>
-KFA_TARGET_AVX2 __attribute__((noinline)) void run_for_avx2(const F& f) { f(IsaTag<HostIsa::avx2>{}); }
+KFA_TARGET_AVX2 __attribute__((noinline)) void run_for_avx2(const F& f) {
+  f(IsaTag<HostIsa::avx2>{});
+}
 #endif
 
 /// Runs `f(tag)` (a generic lambda marked KFA_SIMD_BODY) compiled for host_isa(), with an IsaTag naming
@@ -151,13 +164,16 @@ KOKKOS_FORCEINLINE_FUNCTION void with_host_isa(const F& f) {
 #endif
   // At or below the compiled baseline: the baseline's instructions, the chosen level's width.
   switch (isa) {
-    case HostIsa::avx512: return f(IsaTag<compiled_host_isa == HostIsa::avx512 ? HostIsa::avx512 : compiled_host_isa>{});
+    case HostIsa::avx512:
+      return f(IsaTag < compiled_host_isa == HostIsa::avx512 ? HostIsa::avx512 : compiled_host_isa > {});
     case HostIsa::avx2:
-      return f(IsaTag<static_cast<int>(compiled_host_isa) >= static_cast<int>(HostIsa::avx2) ? HostIsa::avx2
-                                                                                               : compiled_host_isa>{});
+      return f(IsaTag < static_cast<int>(compiled_host_isa) >= static_cast<int>(HostIsa::avx2)
+                   ? HostIsa::avx2
+                   : compiled_host_isa > {});
     case HostIsa::sse2:
-      return f(IsaTag<compiled_host_isa == HostIsa::scalar ? HostIsa::scalar : HostIsa::sse2>{});
-    case HostIsa::scalar: return f(IsaTag<HostIsa::scalar>{});
+      return f(IsaTag < compiled_host_isa == HostIsa::scalar ? HostIsa::scalar : HostIsa::sse2 > {});
+    case HostIsa::scalar:
+      return f(IsaTag<HostIsa::scalar>{});
   }
 #endif
 }

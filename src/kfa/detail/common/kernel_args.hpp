@@ -15,9 +15,8 @@ namespace detail {
 
 template <class V>
 constexpr bool is_canonical_view() {
-  return V::memory_traits::is_unmanaged &&
-         (std::is_same<typename V::array_layout, Kokkos::LayoutRight>::value ||
-          std::is_same<typename V::array_layout, Kokkos::LayoutStride>::value);
+  return V::memory_traits::is_unmanaged && (std::is_same<typename V::array_layout, Kokkos::LayoutRight>::value ||
+                                            std::is_same<typename V::array_layout, Kokkos::LayoutStride>::value);
 }
 
 /// A forward call: q, k, v [batch, seq, heads, d] in, o out (T, or the accumulation type for the ring
@@ -89,10 +88,10 @@ Args forward_args(const QV& q, const KV& k, const VV& v, const OV& o, const LV& 
 /// The BackwardArgs of these Views (any spelling; canonicalized here as the API does) and scalars.
 template <class QV, class KV, class VV, class DOV, class LV, class DV, class DQV, class DKV, class DVV,
           class L = canonical_layout_t<QV, KV, VV, DOV, DQV, DKV, DVV>,
-          class Args = BackwardArgs<canonical_in_t<L, QV>, canonical_in_t<L, KV>, canonical_in_t<L, VV>,
-                                    canonical_in_t<L, DOV>, canonical_in_t<canonical_layout_t<LV>, LV>,
-                                    canonical_in_t<canonical_layout_t<DV>, DV>, canonical_out_t<L, DQV>,
-                                    canonical_out_t<L, DKV>, canonical_out_t<L, DVV>>>
+          class Args =
+              BackwardArgs<canonical_in_t<L, QV>, canonical_in_t<L, KV>, canonical_in_t<L, VV>, canonical_in_t<L, DOV>,
+                           canonical_in_t<canonical_layout_t<LV>, LV>, canonical_in_t<canonical_layout_t<DV>, DV>,
+                           canonical_out_t<L, DQV>, canonical_out_t<L, DKV>, canonical_out_t<L, DVV>>>
 Args backward_args(const QV& q, const KV& k, const VV& v, const DOV& d_o, const LV& lse, const DV& dd, const DQV& dq,
                    const DKV& dk, const DVV& dv, typename Args::Acc scale, typename Args::Acc softcap,
                    const KeyMask& mask) {

@@ -51,7 +51,8 @@ void for_each_element4(const char* label, const ExecSpace& space, const View& x,
     if (league > 2147483647LL) fail(label, ": ", rows, " rows exceed the ", team, " × (2^31 − 1) of one launch");
     using Policy = Kokkos::TeamPolicy<ExecSpace>;
     Kokkos::parallel_for(
-        label, Policy(space, static_cast<int>(league), team, vec), KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+        label, Policy(space, static_cast<int>(league), team, vec),
+        KOKKOS_LAMBDA(const typename Policy::member_type& m) {
           const std::int64_t r0 = static_cast<std::int64_t>(m.league_rank()) * team;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, team), [&](const int t) {
             const std::int64_t r = r0 + t;
@@ -79,18 +80,20 @@ void for_each_row_sum4(const char* label, const ExecSpace& space, const View& x,
   if constexpr (std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value) {
     using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3, Kokkos::Iterate::Left, Kokkos::Iterate::Left>,
                                          Kokkos::IndexType<std::int64_t>>;
-    Kokkos::parallel_for(label, Policy(space, {0, 0, 0}, {n0, n1, n2}),
-                         KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h) {
-                           Acc s = 0;
-                           for (std::int64_t c = 0; c < n3; ++c) s += f(b, i, h, c);
-                           g(b, i, h, s);
-                         });
+    Kokkos::parallel_for(
+        label, Policy(space, {0, 0, 0}, {n0, n1, n2}),
+        KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h) {
+          Acc s = 0;
+          for (std::int64_t c = 0; c < n3; ++c) s += f(b, i, h, c);
+          g(b, i, h, s);
+        });
   } else {
     const std::int64_t league = (rows + team - 1) / team;
     if (league > 2147483647LL) fail(label, ": ", rows, " rows exceed the ", team, " × (2^31 − 1) of one launch");
     using Policy = Kokkos::TeamPolicy<ExecSpace>;
     Kokkos::parallel_for(
-        label, Policy(space, static_cast<int>(league), team, vec), KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+        label, Policy(space, static_cast<int>(league), team, vec),
+        KOKKOS_LAMBDA(const typename Policy::member_type& m) {
           const std::int64_t r0 = static_cast<std::int64_t>(m.league_rank()) * team;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, team), [&](const int t) {
             const std::int64_t r = r0 + t;

@@ -19,9 +19,11 @@ template <class ExecSpace, class View>
 void zero4(const ExecSpace& space, const View& x, const char* label) {
   using T = typename View::non_const_value_type;
   if (x.size() == 0) return;
-  for_each_element4(label, space, x,
-                    KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c,
-                                  const std::int64_t d) { x(a, b, c, d) = T(0); });
+  for_each_element4(
+      label, space, x,
+      KOKKOS_LAMBDA(const std::int64_t a, const std::int64_t b, const std::int64_t c, const std::int64_t d) {
+        x(a, b, c, d) = T(0);
+      });
 }
 
 /// LSE as used for recomputing P: +inf for a row that saw no key, so exp(s − lse) = 0 there.

@@ -30,15 +30,21 @@ namespace detail {
 /// Head dims the tensor-core kernels are instantiated for (each kernel's shape struct says its tiles per
 /// head dim). 256 only in the FA2-layout kernels (below): the team forward's and the 16-keys-per-warp
 /// backward's fp32 accumulators would not fit a thread's registers there.
-inline bool tc_head_dim_supported(int d) { return d == 64 || d == 96 || d == 128; }
+inline bool tc_head_dim_supported(int d) {
+  return d == 64 || d == 96 || d == 128;
+}
 /// The message part that lists them, for errors ("the tensor-core kernels exist for ...").
-inline const char* tc_head_dims_text() { return "64, 96 and 128"; }
+inline const char* tc_head_dims_text() {
+  return "64, 96 and 128";
+}
 
 /// Head dims of the FA2-layout kernels (the forward in tc_fa2/forward.hpp, dK/dV in tc_fa2/backward.hpp, dQ
 /// in tc_fa2/dq.hpp): the family's and 256. At 256 a forward or dQ warp takes one m16 tile of query rows
 /// instead of two (O's or dQ's fp32 accumulator alone is 128 registers per thread) and a dK/dV block owns 64
 /// keys instead of 128. The team forward and the 16-keys-per-warp backward stop at 128.
-inline bool fa2_head_dim_supported(int d) { return tc_head_dim_supported(d) || d == 256; }
+inline bool fa2_head_dim_supported(int d) {
+  return tc_head_dim_supported(d) || d == 256;
+}
 
 /// f(std::integral_constant<int, D>{}) for the supported head dim D == d: the one switch from a run-time
 /// head dim to the kernels' instances, which every tensor-core launcher and tile query goes through
@@ -176,10 +182,16 @@ __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, b
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 /// Waits for all but the most recently committed group (two-stage pipelines).
-__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_1() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
 /// Waits for all but the N most recently committed groups (N + 1-stage pipelines).
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -68,8 +68,8 @@ void native_launch(const Kokkos::Cuda& space, const std::string& name, void (*ke
   // of it for shared memory starves kernels that read through L1. Ask for what the blocks need.
   const cudaDeviceProp& prop = space.cuda_device_prop();
   const std::size_t need = static_cast<std::size_t>(blocks_per_sm) * (smem + prop.reservedSharedMemPerBlock);
-  const int carveout = static_cast<int>(std::min<std::size_t>(100, (100 * need + prop.sharedMemPerMultiprocessor - 1) /
-                                                                       prop.sharedMemPerMultiprocessor));
+  const int carveout = static_cast<int>(
+      std::min<std::size_t>(100, (100 * need + prop.sharedMemPerMultiprocessor - 1) / prop.sharedMemPerMultiprocessor));
   if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout);
   if (err != cudaSuccess) fail(name, ": opting in to ", smem, " B of shared memory failed: ", cudaGetErrorString(err));
   kernel<<<static_cast<unsigned>(league), block, smem, space.cuda_stream()>>>(arg);

@@ -38,7 +38,7 @@ std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2 = fa
 #endif
   if (fa2 ? !fa2_head_dim_supported(head_dim) : !tc_head_dim_supported(head_dim))
     return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() +
-           (fa2                ? "; the FA2-layout ones also for 256)"
+           (fa2               ? "; the FA2-layout ones also for 256)"
             : head_dim == 256 ? "; only the FA2-layout ones for 256)"
                               : ")");
   return "";

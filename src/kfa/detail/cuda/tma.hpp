@@ -20,8 +20,8 @@
 #include <type_traits>
 
 #if KFA_HAS_TENSOR_CORES
-#include <cuda.h>           // CUtensorMap and its enums (types only)
-#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+#include <cuda.h>          // CUtensorMap and its enums (types only)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #endif
 
 namespace kfa {
@@ -41,8 +41,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult got = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &got) !=
-            cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &got) != cudaSuccess ||
         got != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       p = nullptr;
@@ -68,16 +67,18 @@ bool tma_map_rows(TmaMaps& t, int i, const V& x, int box_rows) {
   const cuuint32_t box[4] = {64u, hin ? 1u : static_cast<cuuint32_t>(box_rows),
                              hin ? static_cast<cuuint32_t>(box_rows) : 1u, 1u};
   const cuuint32_t one[4] = {1u, 1u, 1u, 1u};
-  const CUresult r = encode(&t.map[i], CU_TENSOR_MAP_DATA_TYPE_UINT16, 4,
-                            const_cast<void*>(static_cast<const void*>(x.data())), dim, str, box, one,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(&t.map[i], CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(static_cast<const void*>(x.data())), dim,
+             str, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   t.heads_inner[i] = hin ? 1 : 0;
   return r == CUDA_SUCCESS;
 }
 
 /// Sets t.on where every descriptor of `made` was made.
-inline void tma_maps_done(TmaMaps& t, bool made) { t.on = made ? 1 : 0; }
+inline void tma_maps_done(TmaMaps& t, bool made) {
+  t.on = made ? 1 : 0;
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace tc {

@@ -13,8 +13,8 @@
 /// A row whose LSE is −inf saw no key: its P row is 0, so it contributes nothing.
 #include <kfa/detail/common/fast_exp.hpp>
 #include <kfa/detail/common/mask.hpp>
-#include <kfa/detail/common/recompute.hpp>
 #include <kfa/detail/common/ranges.hpp>
+#include <kfa/detail/common/recompute.hpp>
 #include <kfa/detail/portable/tile_products.hpp>
 #include <kfa/online_softmax.hpp>
 #include <kfa/tiling.hpp>
@@ -24,7 +24,6 @@
 
 namespace kfa {
 namespace detail {
-
 
 template <class ExecSpace, class Args>
 struct DkDvKernel {
@@ -55,11 +54,25 @@ struct DkDvKernel {
   BackwardScratchLayout lay;
 
   DkDvKernel(const Args& a, const TileConfig& t)
-      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv),
-        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
-        heads_kv(static_cast<int>(a.k.extent(2))), head_dim(static_cast<int>(a.q.extent(3))),
-        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), bq(t.block_q), bk(t.block_k),
-        n_kblocks((seq_k + t.block_k - 1) / t.block_k), scale(a.scale), softcap(a.softcap), mask(a.mask),
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dk(a.dk),
+        dv(a.dv),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))),
+        head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        bq(t.block_q),
+        bk(t.block_k),
+        n_kblocks((seq_k + t.block_k - 1) / t.block_k),
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask),
         lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
@@ -73,14 +86,14 @@ struct DkDvKernel {
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
-    Acc* const qs = buf0.data() + lay.a;    // [bq][d] scale·Q
-    Acc* const dos = buf0.data() + lay.b;   // [bq][d] dO
-    Acc* const kt = buf1.data() + lay.ta;   // [d][bk] Kᵀ
-    Acc* const vt = buf1.data() + lay.tb;   // [d][bk] Vᵀ
+    Acc* const qs = buf0.data() + lay.a;       // [bq][d] scale·Q
+    Acc* const dos = buf0.data() + lay.b;      // [bq][d] dO
+    Acc* const kt = buf1.data() + lay.ta;      // [d][bk] Kᵀ
+    Acc* const vt = buf1.data() + lay.tb;      // [d][bk] Vᵀ
     Acc* const dka = buf1.data() + lay.acc_a;  // [bk][d]
     Acc* const dva = buf1.data() + lay.acc_b;  // [bk][d]
-    Acc* const s = buf1.data() + lay.s;     // [bq][bk] S, then P
-    Acc* const dp = buf1.data() + lay.dp;   // [bq][bk] dP, then dS
+    Acc* const s = buf1.data() + lay.s;        // [bq][bk] S, then P
+    Acc* const dp = buf1.data() + lay.dp;      // [bq][bk] dP, then dS
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
 
@@ -122,15 +135,17 @@ struct DkDvKernel {
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](const int j) {
-      for (int c = 0; c < d; ++c) dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c]);
-      for (int c = 0; c < d; ++c) dv(b, j0 + j, hk, c) = static_cast<typename DVV::non_const_value_type>(dva[j * d + c]);
+      for (int c = 0; c < d; ++c)
+        dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c]);
+      for (int c = 0; c < d; ++c)
+        dv(b, j0 + j, hk, c) = static_cast<typename DVV::non_const_value_type>(dva[j * d + c]);
     });
   }
 
   /// One query row of a tile: S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
   template <class Tag>
-  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0, int cols,
-                                          bool need_mask) const {
+  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0,
+                                               int cols, bool need_mask) const {
     if (softcap > Acc(0)) {
       const Acc inv = Acc(1) / softcap;
       for (int j = 0; j < bk; ++j) {
@@ -189,10 +204,23 @@ struct DqKernel {
   BackwardScratchLayout lay;
 
   DqKernel(const Args& a, const TileConfig& t)
-      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dq(a.dq), seq_q(static_cast<int>(a.q.extent(1))),
-        heads_q(static_cast<int>(a.q.extent(2))), head_dim(static_cast<int>(a.q.extent(3))),
-        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), bq(t.block_q), bk(t.block_k),
-        n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(a.scale), softcap(a.softcap), mask(a.mask),
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dq(a.dq),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))),
+        head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        bq(t.block_q),
+        bk(t.block_k),
+        n_qblocks((seq_q + t.block_q - 1) / t.block_q),
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask),
         lay(t.block_k, t.block_q, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
@@ -208,13 +236,13 @@ struct DqKernel {
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
-    Acc* const ks = buf0.data() + lay.a;     // [bk][d]
-    Acc* const vs = buf0.data() + lay.b;     // [bk][d]
-    Acc* const qst = buf1.data() + lay.ta;   // [d][bq] (scale·Q)ᵀ
-    Acc* const dot = buf1.data() + lay.tb;   // [d][bq] dOᵀ
+    Acc* const ks = buf0.data() + lay.a;       // [bk][d]
+    Acc* const vs = buf0.data() + lay.b;       // [bk][d]
+    Acc* const qst = buf1.data() + lay.ta;     // [d][bq] (scale·Q)ᵀ
+    Acc* const dot = buf1.data() + lay.tb;     // [d][bq] dOᵀ
     Acc* const dqa = buf1.data() + lay.acc_a;  // [bq][d]
-    Acc* const st = buf1.data() + lay.s;     // [bk][bq] Sᵀ, then Pᵀ
-    Acc* const dpt = buf1.data() + lay.dp;   // [bk][bq] dPᵀ, then dSᵀ
+    Acc* const st = buf1.data() + lay.s;       // [bk][bq] Sᵀ, then Pᵀ
+    Acc* const dpt = buf1.data() + lay.dp;     // [bk][bq] dPᵀ, then dSᵀ
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
 
@@ -272,7 +300,8 @@ struct DqKernel {
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {
-      for (int c = 0; c < d; ++c) dq(b, i0 + r, h, c) = static_cast<typename DQV::non_const_value_type>(dqa[r * d + c] * scale);
+      for (int c = 0; c < d; ++c)
+        dq(b, i0 + r, h, c) = static_cast<typename DQV::non_const_value_type>(dqa[r * d + c] * scale);
     });
   }
 };

@@ -40,9 +40,9 @@ struct PortableForwardFamily {  // every backend and element type: Kokkos team k
     using ExecSpace = typename C::exec_space;
     using Kernel = ForwardKernel<ExecSpace, A>;
     const Kernel kernel(args, tiles);
-    const int league = checked_league(c.fn, "batch * heads_q * query blocks",
-                                      static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) *
-                                          kernel.n_qblocks);
+    const int league =
+        checked_league(c.fn, "batch * heads_q * query blocks",
+                       static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) * kernel.n_qblocks);
     Kokkos::TeamPolicy<ExecSpace> policy(c.space, league, tiles.team_size);
     policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0))
         .set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));

@@ -43,11 +43,22 @@ struct ForwardKernel {
   ForwardScratchLayout lay;
 
   ForwardKernel(const Args& a, const TileConfig& t)
-      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse),
-        seq_q(static_cast<int>(a.q.extent(1))), heads_q(static_cast<int>(a.q.extent(2))),
-        head_dim(static_cast<int>(a.q.extent(3))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        bq(t.block_q), bk(t.block_k), n_qblocks((seq_q + t.block_q - 1) / t.block_q), scale(a.scale),
-        softcap(a.softcap), mask(a.mask), lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        o(a.o),
+        lse(a.lse),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))),
+        head_dim(static_cast<int>(a.q.extent(3))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        bq(t.block_q),
+        bk(t.block_k),
+        n_qblocks((seq_q + t.block_q - 1) / t.block_q),
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask),
+        lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     constexpr int W = MicroTileShape<ExecSpace>::lanes;  // query rows per element-wise step
@@ -63,8 +74,8 @@ struct ForwardKernel {
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
-    Acc* const kt = buf0.data() + lay.k;  // [bk][d]
-    Acc* const vt = buf0.data() + lay.v;  // [bk][d]
+    Acc* const kt = buf0.data() + lay.k;   // [bk][d]
+    Acc* const vt = buf0.data() + lay.v;   // [bk][d]
     Acc* const qt = buf1.data() + lay.qt;  // [d][bq]: Q tile transposed and pre-scaled
     Acc* const ot = buf1.data() + lay.o;   // [bq][d]: unnormalized O
     Acc* const st = buf1.data() + lay.s;   // [bk][bq]: scores, then probabilities, transposed

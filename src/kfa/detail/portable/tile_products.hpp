@@ -85,8 +85,7 @@ __attribute__((always_inline)) inline void micro_tile_simd(const Acc* a, long a_
   constexpr int W = Simd<VB, Acc>::width;
   V acc[RI][NV];
   for (int r = 0; r < RI; ++r)
-    for (int v = 0; v < NV; ++v)
-      acc[r][v] = accumulate ? V(*reinterpret_cast<const U*>(c + r * ldc + v * W)) : V{};
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? V(*reinterpret_cast<const U*>(c + r * ldc + v * W)) : V{};
   for (int kk = 0; kk < kdim; ++kk) {
     const Acc* brow = b + static_cast<long>(kk) * ldb;
     V bv[NV];
@@ -121,8 +120,8 @@ struct HostBlocking {
 /// target and are reached only through host_isa() (run-time dispatch), never inlined into baseline code.
 template <HostIsa Isa, int RI, int NV, class Acc>
 struct MicroTile {
-  __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c,
-                                            int ldc, int kdim, bool accumulate) {
+  __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c, int ldc,
+                                            int kdim, bool accumulate) {
     micro_tile_simd<RI, NV, isa_vector_bytes(Isa)>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
   }
 };
@@ -136,8 +135,8 @@ struct MicroTile<HostIsa::avx2, RI, NV, Acc> {
 };
 template <int RI, int NV, class Acc>
 struct MicroTile<HostIsa::avx512, RI, NV, Acc> {
-  KFA_TARGET_AVX512 __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b,
-                                                              int ldb, Acc* c, int ldc, int kdim, bool accumulate) {
+  KFA_TARGET_AVX512 __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb,
+                                                              Acc* c, int ldc, int kdim, bool accumulate) {
     micro_tile_simd<RI, NV, 64>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
   }
 };
@@ -146,15 +145,14 @@ struct MicroTile<HostIsa::avx512, RI, NV, Acc> {
 /// Whether this translation unit has `Isa`'s micro-tiles: at or below the compiled baseline, or a dispatch
 /// target.
 constexpr bool host_isa_available(HostIsa isa) {
-  return isa != HostIsa::scalar &&
-         (static_cast<int>(isa) <= static_cast<int>(compiled_host_isa) || KFA_HOST_DISPATCH);
+  return isa != HostIsa::scalar && (static_cast<int>(isa) <= static_cast<int>(compiled_host_isa) || KFA_HOST_DISPATCH);
 }
 
 /// C = A·B (+C) split over the team's threads with `Isa`'s vectors and blocking; false when the shape does
 /// not fit (m not a multiple of the block rows, n not a multiple of one vector): the caller falls back.
 template <HostIsa Isa, class Member, class Acc>
-inline bool team_gemm_host(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs, long a_cs,
-                           const Acc* b, int ldb, Acc* c, int ldc, bool accumulate) {
+inline bool team_gemm_host(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs, long a_cs, const Acc* b,
+                           int ldb, Acc* c, int ldc, bool accumulate) {
   using Blk = HostBlocking<Isa>;
   constexpr int RI = Blk::rows;
   constexpr int NV = Blk::vectors;
@@ -201,7 +199,8 @@ KOKKOS_INLINE_FUNCTION void team_gemm(const Member& team, int m, int n, int kdim
         if constexpr (host_isa_available(HostIsa::sse2))
           done = team_gemm_host<HostIsa::sse2>(team, m, n, kdim, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
         break;
-      case HostIsa::scalar: break;
+      case HostIsa::scalar:
+        break;
     }
     if (done) return;
     if (m % 4 == 0 && n % 8 == 0)

@@ -1,9 +1,9 @@
 #pragma once
 /// The CUDA fp32 SIMT family: why it cannot run an argument set, its tiles, its forward launch.
-#include <kfa/plan.hpp>
 #include <kfa/detail/cuda/problems.hpp>
 #include <kfa/detail/simt/backward.hpp>
 #include <kfa/detail/simt/forward.hpp>
+#include <kfa/plan.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -43,7 +43,7 @@ template <class ExecSpace, class QV, class KV, class VV, class DOV, class DQV, c
 std::string simt_backward_why_not(const QV& q, const KV& k, const VV& v, const DOV& d_o, const DQV& dq, const DKV& dk,
                                   const DVV& dv, const AttentionOptions& opts) {
   std::string why = simt_forward_why_not<ExecSpace>(q, k, v, q, opts);  // q in o's place: its checks are q's
-  tc_add_backward_view_problems(why, q, k, v, d_o, dq, dk, dv);           // (q, k, v already checked: no-ops)
+  tc_add_backward_view_problems(why, q, k, v, d_o, dq, dk, dv);         // (q, k, v already checked: no-ops)
   return why;
 }
 

@@ -26,11 +26,11 @@ namespace detail {
 template <int D>
 struct SimtForwardShape {
   static constexpr int threads = 128;
-  static constexpr int rows_per_thread = 128 / D;  // two lanes per row at both head dims (measured best)
+  static constexpr int rows_per_thread = 128 / D;     // two lanes per row at both head dims (measured best)
   static constexpr int slice = 64 / rows_per_thread;  // head dims per thread
   static constexpr int lanes_per_row = D / slice;
   static constexpr int block_q = threads / lanes_per_row * rows_per_thread;
-  static constexpr int block_k = 4096 / D;  // 32 KiB of K and V tiles (plus padding)
+  static constexpr int block_k = 4096 / D;                   // 32 KiB of K and V tiles (plus padding)
   static constexpr int pitch = lanes_per_row * (slice + 4);  // floats per scratch row, slices padded by 4
   static constexpr std::size_t scratch_l0 = 2u * block_k * pitch * 4;
 };
@@ -44,10 +44,10 @@ struct SimtForwardKernel {
   using OV = typename Args::o_type;
   using LV = typename Args::lse_type;
   using Shape = SimtForwardShape<D>;
-  static constexpr int H = Shape::lanes_per_row, R = Shape::rows_per_thread, BQ = Shape::block_q,
-                       BK = Shape::block_k, P = Shape::pitch;
+  static constexpr int H = Shape::lanes_per_row, R = Shape::rows_per_thread, BQ = Shape::block_q, BK = Shape::block_k,
+                       P = Shape::pitch;
   static constexpr int HD = Shape::slice;  // dims per thread
-  static constexpr int SUB = 8;  // keys per unrolled sub-block
+  static constexpr int SUB = 8;            // keys per unrolled sub-block
   using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<Shape::threads, 2>>;
   using member_type = typename policy_type::member_type;
 
@@ -61,9 +61,18 @@ struct SimtForwardKernel {
   KeyMask mask;
 
   explicit SimtForwardKernel(const Args& a)
-      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse), seq_q(static_cast<int>(a.q.extent(1))),
-        heads_q(static_cast<int>(a.q.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(a.scale), softcap(a.softcap), mask(a.mask) {}
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        o(a.o),
+        lse(a.lse),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ),
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask) {}
 
 #if defined(__CUDA_ARCH__)
   /// BK × D floats (row r at src + r·stride) into scratch rows of pitch P, dim slices HD + 4 floats
@@ -105,7 +114,8 @@ struct SimtForwardKernel {
     const long j_begin = mask.key_begin(i0);
     const long j_end = mask.key_end(i0 + rows);
     if (j_begin < j_end)
-      load_tile(ks, kbase + j_begin * kstride, kstride, static_cast<int>(j_end - j_begin < BK ? j_end - j_begin : BK), tid);
+      load_tile(ks, kbase + j_begin * kstride, kstride, static_cast<int>(j_end - j_begin < BK ? j_end - j_begin : BK),
+                tid);
     asm volatile("cp.async.commit_group;\n" ::);
 
     float qr[R][HD], acc[R][HD], m[R], l[R];
@@ -116,7 +126,7 @@ struct SimtForwardKernel {
       for (int c = 0; c < HD / 4; ++c) {
         const float4 x = src ? src[c] : make_float4(0.f, 0.f, 0.f, 0.f);
         qr[r][4 * c] = x.x * scale, qr[r][4 * c + 1] = x.y * scale, qr[r][4 * c + 2] = x.z * scale,
-        qr[r][4 * c + 3] = x.w * scale;
+                  qr[r][4 * c + 3] = x.w * scale;
       }
 #pragma unroll
       for (int c = 0; c < HD; ++c) acc[r][c] = 0.f;
@@ -217,8 +227,8 @@ struct SimtForwardKernel {
       float4* dst = reinterpret_cast<float4*>(&o(b, row[r], h, part * HD));
 #pragma unroll
       for (int c = 0; c < HD / 4; ++c)
-        dst[c] = make_float4(acc[r][4 * c] * inv, acc[r][4 * c + 1] * inv, acc[r][4 * c + 2] * inv,
-                             acc[r][4 * c + 3] * inv);
+        dst[c] =
+            make_float4(acc[r][4 * c] * inv, acc[r][4 * c + 1] * inv, acc[r][4 * c + 2] * inv, acc[r][4 * c + 3] * inv);
       if (part == 0) lse(b, h, row[r]) = SoftmaxState<float>{m[r], l[r]}.lse();
     }
 #else

@@ -18,10 +18,10 @@
 ///   Against the 16-keys-per-warp kernel, a step is 4× the work per barrier, S and dP tiles are two m16
 ///   tiles per warp (each K, V, Q or dO fragment read from shared memory feeds two mma), and no softcap
 ///   factor lives across a product (dP is computed first; P and dS come out of one pass).
-#include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/common/mask.hpp>
-#include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>
+#include <kfa/detail/cuda/recompute_p.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -55,7 +55,7 @@ struct Fa2BackwardShape {
   static constexpr int ps_pitch = dkdv_block_k + 8;  // P and dS rows [query][key]
   static constexpr int dkdv_stages = 2;
   static constexpr std::size_t dkdv_stage = 2u * dkdv_block_q * pitch * 2;  // Q, dO
-  static constexpr std::size_t dkdv_ps = 2u * dkdv_block_q * ps_pitch * 2;   // P, dS
+  static constexpr std::size_t dkdv_ps = 2u * dkdv_block_q * ps_pitch * 2;  // P, dS
   static constexpr std::size_t dkdv_scratch = 2u * dkdv_block_k * pitch * 2 + dkdv_stages * dkdv_stage + dkdv_ps;
   static_assert((D / 16) % 2 == 0, "D/2 columns per dK/dV warp in pairs of n-tiles");
   static_assert(dkdv_block_q % 32 == 0, "query rows in m16 tiles, half of them per warp row");
@@ -103,10 +103,23 @@ struct TcFa2DkDvKernel {
   KeyMask mask;
 
   TcFa2DkDvKernel(const Args& a, float* dq_acc_ = nullptr)
-      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv), dq_acc(dq_acc_),
-        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
-        heads_kv(static_cast<int>(a.k.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK), scale(a.scale), pc(a.scale, a.softcap), mask(a.mask) {}
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dk(a.dk),
+        dv(a.dv),
+        dq_acc(dq_acc_),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_kblocks((seq_k + BK - 1) / BK),
+        scale(a.scale),
+        pc(a.scale, a.softcap),
+        mask(a.mask) {}
 
   /// The body of block `lr` (native_team_kernel), with Shape::dkdv_scratch bytes of shared memory at smem.
   __device__ void run(int lr, char* smem) const {
@@ -138,8 +151,8 @@ struct TcFa2DkDvKernel {
       const long i = qb0 + static_cast<long>(qt) * BQ;
       const int rows = static_cast<int>(qb1 - i < BQ ? qb1 - i : BQ);
       const std::uint32_t qs = stage0 + st * static_cast<std::uint32_t>(Shape::dkdv_stage), dos = qs + BQ * P * 2;
-      tc::load_tile_async<D, BQ, NTH>(qs, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)),
-                                      qstride, rows, tid);
+      tc::load_tile_async<D, BQ, NTH>(
+          qs, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)), qstride, rows, tid);
       tc::load_tile_async<D, BQ, NTH>(
           dos, reinterpret_cast<const std::uint16_t*>(dobase + i * dostride + gh * d_o.stride(2)), dostride, rows, tid);
     };
@@ -191,7 +204,8 @@ struct TcFa2DkDvKernel {
         for (int r = 0; r < 2; ++r) {
           const int rr = qw0 + mt * 16 + g + r * 8;
           const bool in = rr < rows;
-          lse2[mt][r] = in ? recompute_lse(static_cast<float>(lse(b, hq, i0 + rr))) * tc::log2e : compat::infinity<float>();
+          lse2[mt][r] =
+              in ? recompute_lse(static_cast<float>(lse(b, hq, i0 + rr))) * tc::log2e : compat::infinity<float>();
           ddr[mt][r] = in ? static_cast<float>(dd(b, hq, i0 + rr)) : 0.f;
         }
       if (step + 1 < steps) {
@@ -364,7 +378,7 @@ struct TcFa2DkDvKernel {
     for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
       for (int n = 0; n < NC; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
-    // Not unrolled at d = 256: unrolled, the fused d = 256 instances spilled 4 B (ptxas, CUDA 13.0, sm_80/86).
+        // Not unrolled at d = 256: unrolled, the fused d = 256 instances spilled 4 B (ptxas, CUDA 13.0, sm_80/86).
 #pragma unroll(D > 128 ? 1 : BK / 16)
     for (int kk = 0; kk < BK / 16; ++kk) {
       std::uint32_t a[MS][4];

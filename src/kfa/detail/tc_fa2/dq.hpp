@@ -13,11 +13,11 @@
 ///   double-buffered with cp.async.
 ///   A tile: S = Q·Kᵀ and dP = dO·Vᵀ, dS = P ∘ (dP − D) (∘ softcap') in registers, dQ += dS·K.
 ///   No atomics: each block owns its rows of dQ, so the result is bitwise reproducible.
-#include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/common/mask.hpp>
-#include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
+#include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
+#include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
 
 #include <cstddef>
 #include <cstdint>
@@ -55,7 +55,6 @@ std::string fa2_dq_problem(const ExecSpace& space, int d) {
   (void)space, (void)d;
   return "it is a Kokkos::Cuda kernel";
 }
-
 
 #if KFA_HAS_TENSOR_CORES
 template <int D, bool Softcap, class T, class OutT>
@@ -196,7 +195,7 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
       ds_pass(std::true_type{});
     else
       ds_pass(std::false_type{});
-    // dQ += dS·K
+      // dQ += dS·K
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       std::uint32_t da[MT][4];
@@ -231,7 +230,6 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
 #endif
 #endif
 }
-
 
 /// dq = scale · Σ_key dS·K for every query row, with this kernel (fa2_dq_problem(space, D) is "").
 template <int D, bool Softcap, class Args>

@@ -1,11 +1,11 @@
 #pragma once
 /// The FA2-layout tensor-core family (natively launched, opt-in shared memory): why it cannot run an
 /// argument set, its tiles.
-#include <kfa/plan.hpp>
 #include <kfa/detail/cuda/problems.hpp>
 #include <kfa/detail/tc_fa2/backward.hpp>
 #include <kfa/detail/tc_fa2/dq.hpp>
 #include <kfa/detail/tc_fa2/forward.hpp>
+#include <kfa/plan.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -43,9 +43,8 @@ std::string fa2_forward_why_not(const ExecSpace& space, int d, long seq_k, const
   });
 }
 inline TileConfig fa2_forward_tiles(int head_dim, std::size_t smem_max) {
-  return fa2_head_dim_switch(head_dim, [&](auto dc) {
-    return native_forward_tiles<Fa2ForwardShape<decltype(dc)::value>>(smem_max);
-  });
+  return fa2_head_dim_switch(
+      head_dim, [&](auto dc) { return native_forward_tiles<Fa2ForwardShape<decltype(dc)::value>>(smem_max); });
 }
 
 struct Fa2ForwardFamily {  // sm_80+: mma.sync in FlashAttention-2's layout, native launch (forward.hpp)
@@ -63,8 +62,7 @@ struct Fa2ForwardFamily {  // sm_80+: mma.sync in FlashAttention-2's layout, nat
   template <class C, class A>
   static void launch(const C& c, const A& args, const TileConfig&) {
 #if KFA_HAS_TENSOR_CORES
-    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      fa2_forward_launch(c.space, args);
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value) fa2_forward_launch(c.space, args);
 #endif
     (void)c, (void)args;
   }

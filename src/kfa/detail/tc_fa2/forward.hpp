@@ -49,8 +49,6 @@ struct Fa2ForwardShape {
   static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * pitch * 2;
 };
 
-
-
 #if KFA_TC_DEVICE
 namespace tc {
 /// Softcap and mask of one 16-row C tile of raw scores s (keys j0 … j0 + BC − 1, `cols` of them real) for the
@@ -60,8 +58,7 @@ namespace tc {
 /// tile's padding too.
 template <int BC, bool Softcap, class Pos>
 __device__ __forceinline__ void softcap_and_mask_rows(float (&s)[BC / 8][4], const KeyMask& mask, int i0, int rows,
-                                                      Pos j0, int cols, int row0, int t4, float cap_in,
-                                                      float cap_out) {
+                                                      Pos j0, int cols, int row0, int t4, float cap_in, float cap_out) {
   if (Softcap) {
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
@@ -93,7 +90,8 @@ __device__ __forceinline__ void softcap_and_mask_rows(float (&s)[BC / 8][4], con
 /// Softcap is a template parameter so that the common instance carries no tanh code: the loop body is
 /// large, and cold code interleaved with it was measured (ncu) to stall warps on instruction fetch.
 template <int D, bool Softcap, class T, class OutT>
-__global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShape<D>::min_blocks) tc_fa2_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
+__global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShape<D>::min_blocks)
+    tc_fa2_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
 #if KFA_TC_DEVICE
   using Shape = Fa2ForwardShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, P = Shape::pitch, NT = 32 * Shape::warps;
@@ -127,8 +125,8 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
     tc::load_tile_async<D, BC, NT, false>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
   };
   // Group 0: the Q block (rows past seq_q are zeros) and the first K/V tile.
-  tc::load_tile_async<D, BQ, NT, false>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
-                                 rows, tid);
+  tc::load_tile_async<D, BQ, NT, false>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
+                                        a.q_s[1], rows, tid);
   if (j_begin < j_end) load_kv(j_begin, 0);
   tc::cp_async_commit();
 
@@ -152,7 +150,8 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
   const int mi = lane >> 3, mr = lane & 7;
   // Q as A (row-major): matrices (rows +0, d +0), (rows +8, d +0), (rows +0, d +8), (rows +8, d +8)
-  const std::uint32_t q_lane = qs + static_cast<std::uint32_t>(((warp * 16 * MT + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
+  const std::uint32_t q_lane =
+      qs + static_cast<std::uint32_t>(((warp * 16 * MT + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
   // K as B of S = Q·Kᵀ: matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8)
   const std::uint32_t k_off = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
   // V as B of O += P·V (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
@@ -319,8 +318,7 @@ template <class ExecSpace>
 std::string fa2_forward_problem(const ExecSpace& space, int d) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    const std::size_t smem =
-        fa2_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
+    const std::size_t smem = fa2_head_dim_switch(d, [](auto dc) { return Fa2ForwardShape<decltype(dc)::value>::smem; });
     return native_smem_problem(space, smem, "the FA2-layout forward");
   }
 #endif
@@ -330,13 +328,12 @@ std::string fa2_forward_problem(const ExecSpace& space, int d) {
 
 #if KFA_HAS_TENSOR_CORES
 
-
 template <int D, bool Softcap, class Args>
 void fa2_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
   using T = typename Args::T;
   using OutT = typename Args::o_type::non_const_value_type;
   native_forward_launch<Fa2ForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_fa2]",
-                                                   &tc_fa2_forward_kernel<D, Softcap, T, OutT>, args);
+                                                  &tc_fa2_forward_kernel<D, Softcap, T, OutT>, args);
 }
 
 template <class Args>

@@ -13,10 +13,10 @@
 ///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed through
 ///     two stages of level-0 scratch; S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
 /// Double-buffered (dK/dV at d > 64, dQ): the loads of tile t+1 are in flight while tile t is multiplied.
-#include <kfa/detail/common/recompute.hpp>  // recompute_lse
-#include <kfa/detail/cuda/recompute_p.hpp>
 #include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>
+#include <kfa/detail/cuda/recompute_p.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -36,12 +36,12 @@ namespace detail {
 /// that it stays within Kokkos' team scratch.
 template <int D, bool Fused = false>
 struct TcBackwardShape {
-  static constexpr int warps = 4;                            // dQ
+  static constexpr int warps = 4;  // dQ
   static constexpr int dkdv_warps = 4;
   static constexpr int pitch = D + 8;
-  static constexpr int dkdv_block_k = 16 * dkdv_warps;       // owned keys
+  static constexpr int dkdv_block_k = 16 * dkdv_warps;  // owned keys
   static constexpr int dkdv_block_q = D > 64 ? 32 : Fused ? 32 : 64;
-  static constexpr int dq_block_q = 16 * warps;              // owned query rows
+  static constexpr int dq_block_q = 16 * warps;        // owned query rows
   static constexpr int dq_block_k = D > 64 ? 32 : 64;  // streamed keys
   // dK/dV: V[bk] and K[bk], then stages of Q[bq] + dO[bq] tiles (16-bit, padded rows) and lse[bq] + D[bq]
   // (fp32). Two stages at d = 128 (70 KB, launched natively: 6% faster than a single-stage Kokkos kernel
@@ -93,10 +93,23 @@ struct TcDkDvKernel {
   KeyMask mask;
 
   TcDkDvKernel(const Args& a, float* dq_acc_ = nullptr)
-      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv), dq_acc(dq_acc_),
-        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
-        heads_kv(static_cast<int>(a.k.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK), scale(a.scale), pc(a.scale, a.softcap), mask(a.mask) {}
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dk(a.dk),
+        dv(a.dv),
+        dq_acc(dq_acc_),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        seq_k(static_cast<int>(a.k.extent(1))),
+        heads_kv(static_cast<int>(a.k.extent(2))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_kblocks((seq_k + BK - 1) / BK),
+        scale(a.scale),
+        pc(a.scale, a.softcap),
+        mask(a.mask) {}
 
   using policy_type = Kokkos::TeamPolicy<Kokkos::Cuda, Kokkos::LaunchBounds<32 * WARPS, MIN_BLOCKS>>;
   using member_type = typename policy_type::member_type;
@@ -151,7 +164,8 @@ struct TcDkDvKernel {
     };
     auto load_rows = [&](const Step& c) {
       const bool in = tid < c.rows;
-      return RowPair{  // lse × log2(e), as tc_recompute_p takes it
+      return RowPair{
+          // lse × log2(e), as tc_recompute_p takes it
           in ? recompute_lse(static_cast<float>(lse(b, c.hq, c.i + tid))) * tc::log2e : compat::infinity<float>(),
           in ? static_cast<float>(dd(b, c.hq, c.i + tid)) : 0.f};
     };
@@ -264,7 +278,7 @@ struct TcDkDvKernel {
         p_pass(std::true_type{});
       else
         p_pass(std::false_type{});
-      // dV += Pᵀ·dO
+        // dV += Pᵀ·dO
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
         std::uint32_t pa[4];
@@ -359,8 +373,8 @@ struct TcDkDvKernel {
   /// takes columns w·D/WARPS … of every row (D/WARPS/8 n-tiles: 2 at d = 64, 3 at d = 96, 4 at d = 128; an
   /// odd last one takes a two-matrix ldmatrix); dS from its transpose in shared memory (ldmatrix.trans), K
   /// as the row-major B operand (as dO in dV += Pᵀ·dO). Atomic adds of float pairs (vector adds on sm_90).
-  __device__ __forceinline__ void accumulate_dq(const char* ds_smem, std::uint32_t ks, int b, int hq, long i0,
-                                                int rows, int warp, int lane) const {
+  __device__ __forceinline__ void accumulate_dq(const char* ds_smem, std::uint32_t ks, int b, int hq, long i0, int rows,
+                                                int warp, int lane) const {
     constexpr int DSP = Shape::ds_pitch, MT = BQ / 16, DN = D / WARPS, NT = DN / 8;
     static_assert(D % (8 * WARPS) == 0, "whole 8-column n-tiles per warp");
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
@@ -393,8 +407,8 @@ struct TcDkDvKernel {
       }
       if constexpr (NT % 2 == 1) {  // matrices 0 and 1 of the x4 layout: keys +0 and +8 of one n-tile
         std::uint32_t bf[2];
-        tc::ldmatrix_x2_trans(bf, ks + bt_lane +
-                                      static_cast<std::uint32_t>((kk * 16 * P + warp * DN + (NT - 1) * 8) * 2));
+        tc::ldmatrix_x2_trans(bf,
+                              ks + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + warp * DN + (NT - 1) * 8) * 2));
 #pragma unroll
         for (int m = 0; m < MT; ++m) tc::mma<T>(acc[m][NT - 1], a[m], bf[0], bf[1]);
       }
@@ -449,9 +463,20 @@ struct TcDqKernel {
   KeyMask mask;
 
   explicit TcDqKernel(const Args& a)
-      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dq(a.dq), seq_q(static_cast<int>(a.q.extent(1))),
-        heads_q(static_cast<int>(a.q.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(a.scale), pc(a.scale, a.softcap), mask(a.mask) {}
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dq(a.dq),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ),
+        scale(a.scale),
+        pc(a.scale, a.softcap),
+        mask(a.mask) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if KFA_TC_DEVICE
@@ -483,7 +508,8 @@ struct TcDqKernel {
     std::uint32_t qa[D / 16][4], oa[D / 16][4];
     tc::load_a_rows<D>(qa, r0 < seq_q ? &q(b, r0, h, 0) : nullptr, r1 < seq_q ? &q(b, r1, h, 0) : nullptr, t4);
     tc::load_a_rows<D>(oa, r0 < seq_q ? &d_o(b, r0, h, 0) : nullptr, r1 < seq_q ? &d_o(b, r1, h, 0) : nullptr, t4);
-    const float lse_r[2] = {  // × log2(e), as tc_recompute_p takes it
+    const float lse_r[2] = {
+        // × log2(e), as tc_recompute_p takes it
         r0 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r0))) * tc::log2e : compat::infinity<float>(),
         r1 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r1))) * tc::log2e : compat::infinity<float>()};
     const float dd_r[2] = {r0 < seq_q ? static_cast<float>(dd(b, h, r0)) : 0.f,
@@ -549,7 +575,7 @@ struct TcDqKernel {
         ds_pass(std::true_type{});
       else
         ds_pass(std::false_type{});
-      // dQ += dS·K
+        // dQ += dS·K
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
         std::uint32_t da[4];

@@ -1,10 +1,10 @@
 #pragma once
 /// The 16-keys-per-warp tensor-core family (mma.sync under Kokkos team scratch): its tiles and its forward
 /// launch. Its backward kernels are composed with the other tensor-core families' in dispatch.hpp.
-#include <kfa/plan.hpp>
 #include <kfa/detail/cuda/problems.hpp>
 #include <kfa/detail/tc_team/backward.hpp>
 #include <kfa/detail/tc_team/forward.hpp>
+#include <kfa/plan.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -69,8 +69,7 @@ struct TeamForwardFamily {  // sm_80+: mma.sync, a Kokkos team per 64 query rows
   }
   template <class C, class A>
   static void launch(const C& c, const A& args, const TileConfig&) {
-    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value)
-      tc_forward_launch(c.space, args);
+    if constexpr (has_tensor_core_path<typename C::exec_space, typename C::T>::value) tc_forward_launch(c.space, args);
     (void)c, (void)args;
   }
 };

@@ -26,7 +26,7 @@ struct TcForwardShape {
   static constexpr int warps = 4;
   static constexpr int block_q = 16 * warps;
   static constexpr int block_k = 64;
-  static constexpr int pitch = D + 8;  // elements per scratch row
+  static constexpr int pitch = D + 8;                                  // elements per scratch row
   static constexpr std::size_t scratch_l0 = 2u * block_k * pitch * 2;  // K and V tiles, 16-bit
 };
 
@@ -57,9 +57,18 @@ struct TcForwardKernel {
   KeyMask mask;
 
   explicit TcForwardKernel(const Args& a)
-      : q(a.q), k(a.k), v(a.v), o(a.o), lse(a.lse), seq_q(static_cast<int>(a.q.extent(1))),
-        heads_q(static_cast<int>(a.q.extent(2))), group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ), scale(a.scale), softcap(a.softcap), mask(a.mask) {}
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        o(a.o),
+        lse(a.lse),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        heads_q(static_cast<int>(a.q.extent(2))),
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_qblocks((seq_q + BQ - 1) / BQ),
+        scale(a.scale),
+        softcap(a.softcap),
+        mask(a.mask) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
 #if KFA_TC_DEVICE

@@ -19,12 +19,12 @@
 /// The tensor core truncates what it adds to C, so, as in the forward, no C carries a long sum: scores are
 /// summed 32 head dims at a time and the gradients one step (tile) and 32 head dims at a time into a zeroed
 /// C, then added to fp32 registers.
-#include <kfa/detail/common/recompute.hpp>  // recompute_lse, BackwardParts
 #include <kfa/detail/common/mask.hpp>
-#include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/common/recompute.hpp>  // recompute_lse, BackwardParts
 #include <kfa/detail/cuda/mma.hpp>
-#include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
 #include <kfa/detail/cuda/native.hpp>
+#include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
+#include <kfa/detail/cuda/recompute_p.hpp>
 #include <kfa/detail/tc_tf32/forward.hpp>  // tc::scores_3xtf32, tc::accumulate_c_rows_3xtf32, ...
 
 #include <cstddef>
@@ -43,13 +43,13 @@ namespace detail {
 /// (64 rows: d = 128 on sm_80 needs 135 KB instead of 198 KB); see tf32_dq_warps.
 template <int D, int DqWarps = 8>
 struct Tf32BackwardShape {
-  static constexpr int warps = 8;      // dK/dV; both kernels: 16 rows per warp (keys in dK/dV, queries in dQ)
+  static constexpr int warps = 8;  // dK/dV; both kernels: 16 rows per warp (keys in dK/dV, queries in dQ)
   static constexpr int dq_warps = DqWarps;
-  static constexpr int pitch = D + 4;  // floats per shared row
-  static constexpr int dkdv_block_k = 16 * warps / 2;       // owned keys: two warps per 16 (dV, dK)
+  static constexpr int pitch = D + 4;                     // floats per shared row
+  static constexpr int dkdv_block_k = 16 * warps / 2;     // owned keys: two warps per 16 (dV, dK)
   static constexpr int dkdv_block_q = D <= 64 ? 64 : 32;  // query rows per step
-  static constexpr int dq_block_q = 16 * dq_warps;           // owned query rows
-  static constexpr int dq_block_k = D == 96 ? 16 : 32;  // streamed keys per tile
+  static constexpr int dq_block_q = 16 * dq_warps;        // owned query rows
+  static constexpr int dq_block_k = D == 96 ? 16 : 32;    // streamed keys per tile
   static_assert(D % 32 == 0 && dkdv_block_q % 16 == 0 && dq_block_k % 16 == 0,
                 "32 head dims per partial sum; n-tiles in pairs");
   /// dK/dV: K and V, two stages of Q and dO, and a buffer of BK × BQ (Pᵀ·softcap' from one warp of a pair to
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
   // Rows of D floats are rows of 2·D 16-bit elements with pitch 2·D + 8, i.e. D + 4 floats.
   auto load_rows = [&](auto rows_c, std::uint32_t dst, const float* src, long stride, int valid) {
     tc::load_tile_async<2 * D, decltype(rows_c)::value, NT, false>(dst, reinterpret_cast<const std::uint16_t*>(src),
-                                                                  2 * stride, valid, tid);
+                                                                   2 * stride, valid, tid);
   };
 
   const long qb0 = mask.query_begin(k0);
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   const float* ks0_f = reinterpret_cast<const float*>(tf32_dq_smem) + 2 * BQ * P;
   auto load_rows = [&](auto rows_c, std::uint32_t dst, const float* src, long stride, int valid) {
     tc::load_tile_async<2 * D, decltype(rows_c)::value, NT, false>(dst, reinterpret_cast<const std::uint16_t*>(src),
-                                                                  2 * stride, valid, tid);
+                                                                   2 * stride, valid, tid);
   };
   const long j_begin = mask.key_begin(i0);
   const long j_end = mask.key_end(i0 + rows);
@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + r * 8;
     const bool in = row < a.seq_q;
-    lse2[r] = in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
-                 : compat::infinity<float>();
+    lse2[r] =
+        in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e : compat::infinity<float>();
     ddr[r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
   }
   float acc[D / 8][4];

@@ -1,9 +1,9 @@
 #pragma once
 /// The fp32 tensor-core family (3xTF32): why it cannot run an argument set, its tiles.
-#include <kfa/plan.hpp>
 #include <kfa/detail/cuda/problems.hpp>
 #include <kfa/detail/tc_tf32/backward.hpp>
 #include <kfa/detail/tc_tf32/forward.hpp>
+#include <kfa/plan.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -92,9 +92,8 @@ inline BackwardTileConfig tf32_backward_tiles(int head_dim, std::size_t smem_max
 }
 
 inline TileConfig tf32_forward_tiles(int head_dim, std::size_t smem_max) {
-  return tc_head_dim_switch(head_dim, [&](auto dc) {
-    return native_forward_tiles<Tf32ForwardShape<decltype(dc)::value>>(smem_max);
-  });
+  return tc_head_dim_switch(
+      head_dim, [&](auto dc) { return native_forward_tiles<Tf32ForwardShape<decltype(dc)::value>>(smem_max); });
 }
 
 struct Tf32ForwardFamily {  // float on CUDA sm_80+: 3×TF32 mma.sync (forward.hpp)

@@ -30,8 +30,8 @@
 /// head dims 32p + 8t … 32p + 8t + 7 of its rows (two 16-byte stores).
 #include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/cuda/mma.hpp>
-#include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
 #include <kfa/detail/cuda/native.hpp>
+#include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
 #include <kfa/online_softmax.hpp>
 
 #include <cstddef>
@@ -71,21 +71,23 @@ __device__ __forceinline__ void split_tf32(float x, std::uint32_t& big, std::uin
   small = __float_as_uint(x - __uint_as_float(b));
 }
 template <int N>
-__device__ __forceinline__ void split_tf32(const std::uint32_t (&x)[N], std::uint32_t (&big)[N], std::uint32_t (&small)[N]) {
+__device__ __forceinline__ void split_tf32(const std::uint32_t (&x)[N], std::uint32_t (&big)[N],
+                                           std::uint32_t (&small)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) split_tf32(__uint_as_float(x[i]), big[i], small[i]);
 }
 /// d += a·b for one m16n8k8 tile in tf32, fp32 accumulation.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 /// d += a·b in 3×TF32 from the split halves of a and b (small terms first).
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const std::uint32_t (&a_big)[4], const std::uint32_t (&a_small)[4],
-                                           std::uint32_t b0_big, std::uint32_t b1_big, std::uint32_t b0_small,
-                                           std::uint32_t b1_small) {
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const std::uint32_t (&a_big)[4],
+                                           const std::uint32_t (&a_small)[4], std::uint32_t b0_big,
+                                           std::uint32_t b1_big, std::uint32_t b0_small, std::uint32_t b1_small) {
   mma_tf32(d, a_small, b0_big, b1_big);
   mma_tf32(d, a_big, b0_small, b1_small);
   mma_tf32(d, a_big, b0_big, b1_big);
@@ -178,7 +180,8 @@ __device__ __forceinline__ void store_rows_permuted(float* row, const float (&ac
 
 /// Softcap is a template parameter for the reason given at tc_fa2_forward_kernel (tc_fa2/forward.hpp).
 template <int D, bool Softcap>
-__global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardShape<D>::min_blocks) tc_tf32_forward_kernel(const __grid_constant__ Fa2ForwardArgs<float> a) {
+__global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardShape<D>::min_blocks)
+    tc_tf32_forward_kernel(const __grid_constant__ Fa2ForwardArgs<float> a) {
 #if KFA_TC_DEVICE
   using Shape = Tf32ForwardShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, P = Shape::pitch, NT = 32 * Shape::warps;
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   // Rows of D floats are rows of 2·D 16-bit elements with pitch 2·D + 8, i.e. D + 4 floats.
   auto load_rows = [&](auto rows_c, std::uint32_t dst, const float* src, long stride, int valid) {
     tc::load_tile_async<2 * D, decltype(rows_c)::value, NT, false>(dst, reinterpret_cast<const std::uint16_t*>(src),
-                                                                  2 * stride, valid, tid);
+                                                                   2 * stride, valid, tid);
   };
   const float* kbase = kg + b * a.k_s[0] + hk * a.k_s[2];
   const float* vbase = vg + b * a.v_s[0] + hk * a.v_s[2];
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   // Key positions: long in the softcap instances below d = 128, else int (tf32_space_problem checks seq_k <
   // 2^31 - 256). Long at d = 128 spilled 4 B on sm_80/86/89 (ptxas, CUDA 13.0); int there is also 1% faster
   // on the H200, while at d = 64 long is 1-2% faster (fp32, softcap 30, N 4096/16384).
-  using Pos = typename std::conditional<Softcap && D < 128, long, int>::type;
+  using Pos = typename std::conditional < Softcap&& D<128, long, int>::type;
   const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
   const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
   auto load_kv = [&](Pos j0, int stage) {
@@ -236,7 +239,8 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
 
   const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: lane l gives row l % 8 of matrix l / 8
   // Q as A: matrices (rows +0, d +0), (rows +8, d +0), (rows +0, d +4), (rows +8, d +4)
-  const std::uint32_t q_lane = qs + static_cast<std::uint32_t>(((warp * 16 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 4) * 4);
+  const std::uint32_t q_lane =
+      qs + static_cast<std::uint32_t>(((warp * 16 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 4) * 4);
   // K as B of S = Q·Kᵀ: matrices (keys +0, d +0), (keys +0, d +4), (keys +8, d +0), (keys +8, d +4)
   const std::uint32_t k_off = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 4) * 4);
   // V as B of O += P·V: this lane reads keys 2t and 2t + 1 of each 8, head dims 32p + 4g … 32p + 4g + 3
@@ -326,7 +330,7 @@ void tf32_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
                     std::is_same<typename Args::lse_type::non_const_value_type, float>::value,
                 "the 3xTF32 forward takes float");
   native_forward_launch<Tf32ForwardShape<D>, float>(space, "kfa::attention_forward[tensor_core_tf32x3]",
-                                                     &tc_tf32_forward_kernel<D, Softcap>, args);
+                                                    &tc_tf32_forward_kernel<D, Softcap>, args);
 }
 
 template <class Args>

@@ -23,11 +23,11 @@
 /// as the warp-specialized forward).
 ///
 /// Both need the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
-#include <kfa/detail/common/recompute.hpp>     // recompute_lse
 #include <kfa/detail/common/mask.hpp>
-#include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
-#include <kfa/detail/tc_wgmma/forward.hpp>    // tc::wgmma_*, tc::load_tile_sw128, wgmma_device_problem
+#include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/tc_wgmma/forward.hpp>  // tc::wgmma_*, tc::load_tile_sw128, wgmma_device_problem
 
 #include <algorithm>
 #include <cstddef>
@@ -123,11 +123,22 @@ struct TcWgmmaDkDvKernel {
   TmaMaps tma;  // Tma: q, dO (boxes of BQ rows), k, v (BK rows), made by set_tma
 
   explicit TcWgmmaDkDvKernel(const Args& a)
-      : q(a.q), k(a.k), v(a.v), d_o(a.d_o), lse(a.lse), dd(a.dd), dk(a.dk), dv(a.dv),
-        seq_q(static_cast<int>(a.q.extent(1))), seq_k(static_cast<int>(a.k.extent(1))),
+      : q(a.q),
+        k(a.k),
+        v(a.v),
+        d_o(a.d_o),
+        lse(a.lse),
+        dd(a.dd),
+        dk(a.dk),
+        dv(a.dv),
+        seq_q(static_cast<int>(a.q.extent(1))),
+        seq_k(static_cast<int>(a.k.extent(1))),
         heads_kv(static_cast<int>(a.k.extent(2))),
-        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))), n_kblocks((seq_k + BK - 1) / BK), scale(a.scale),
-        pc(a.scale, a.softcap), mask(a.mask) {}
+        group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        n_kblocks((seq_k + BK - 1) / BK),
+        scale(a.scale),
+        pc(a.scale, a.softcap),
+        mask(a.mask) {}
 
   /// Makes the TMA descriptors (the host, before the launch); false where the driver cannot (then the
   /// kernel with Tma = false runs).
@@ -183,8 +194,8 @@ struct TcWgmmaDkDvKernel {
         }
         return;
       }
-      tc::load_tile_sw128<D, BQ, NTH>(qd, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)),
-                                      qstride, rows, tid);
+      tc::load_tile_sw128<D, BQ, NTH>(
+          qd, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)), qstride, rows, tid);
       tc::load_tile_sw128<D, BQ, NTH>(
           qd + tile_q, reinterpret_cast<const std::uint16_t*>(dobase + i * dostride + gh * d_o.stride(2)), dostride,
           rows, tid);
@@ -210,10 +221,12 @@ struct TcWgmmaDkDvKernel {
         }
       } else {
         tc::load_tile_sw128<D, BK, NTH>(
-            ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+            ks,
+            reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
             static_cast<long>(k.stride(1)), keys, tid);
         tc::load_tile_sw128<D, BK, NTH>(
-            vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+            vs,
+            reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
             static_cast<long>(v.stride(1)), keys, tid);
       }
     }
@@ -383,8 +396,6 @@ struct WgmmaWsDqShape {
   static_assert((D == 64 || D == 128) && stages >= 2, "d = 64 or 128; at least double-buffered");
 };
 
-
-
 #if KFA_HAS_TENSOR_CORES
 /// The warp-specialized dQ kernel's arguments: the dQ kernels', and TMA descriptors of q, dO, k and v.
 template <class OutT>
@@ -455,8 +466,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
         [&](std::uint32_t full) {
           tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
                                          a.q_s[1], rows, tid);
-          tc::load_tile_sw128<D, BQ, NP>(dos,
-                                         a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
+          tc::load_tile_sw128<D, BQ, NP>(dos, a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
                                          a.do_s[1], rows, tid);
           tc::cp_async_mbar_arrive(full);
         },
@@ -479,8 +489,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + r * 8;
     const bool in = row < a.seq_q;
-    lse2[r] = in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
-                 : compat::infinity<float>();
+    lse2[r] =
+        in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e : compat::infinity<float>();
     ddr[r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
   }
   float acc[D / 8][4], s[BC / 8][4], dp[BC / 8][4];
@@ -622,12 +632,10 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
   using WS = WgmmaWsDqShape<D>;
   WgmmaWsDqArgs<OutT> a;
   const long league = set_dq_args(a, args, WS::block_q);
-  tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, WS::block_q) &&
-                           tma_map_rows(a.tma, 1, args.d_o, WS::block_q) &&
-                           tma_map_rows(a.tma, 2, args.k, WS::block_k) &&
-                           tma_map_rows(a.tma, 3, args.v, WS::block_k));
-  native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma,ws]",
-                &tc_wgmma_ws_dq_kernel<D, Softcap, T, OutT>, league, dim3(32 * WS::warps), WS::smem, 1, a);
+  tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, WS::block_q) && tma_map_rows(a.tma, 1, args.d_o, WS::block_q) &&
+                           tma_map_rows(a.tma, 2, args.k, WS::block_k) && tma_map_rows(a.tma, 3, args.v, WS::block_k));
+  native_launch(space, "kfa::attention_backward::dq[tensor_core_wgmma,ws]", &tc_wgmma_ws_dq_kernel<D, Softcap, T, OutT>,
+                league, dim3(32 * WS::warps), WS::smem, 1, a);
 }
 #endif  // KFA_HAS_TENSOR_CORES
 

@@ -1,9 +1,9 @@
 #pragma once
 /// The Hopper family (sm_90a wgmma, TMA, warp specialization): why it cannot run an argument set, its tiles.
-#include <kfa/plan.hpp>
 #include <kfa/detail/cuda/problems.hpp>
 #include <kfa/detail/tc_wgmma/backward.hpp>
 #include <kfa/detail/tc_wgmma/forward.hpp>
+#include <kfa/plan.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -46,13 +46,14 @@ std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, co
   if (wgmma_head_dim_supported(d)) {
     auto blocks = [&](auto dc) {
       constexpr int D = decltype(dc)::value;
-      std::string why = tc_block_problem(opts, WgmmaBackwardShape<D>::block_q, WgmmaBackwardShape<D>::block_k,
-                                         "wgmma dK/dV kernel");
+      std::string why =
+          tc_block_problem(opts, WgmmaBackwardShape<D>::block_q, WgmmaBackwardShape<D>::block_k, "wgmma dK/dV kernel");
       if (why.empty())
         why = tc_block_problem(opts, WgmmaWsDqShape<D>::block_q, WgmmaWsDqShape<D>::block_k, "wgmma dQ kernel");
       return why;
     };
-    const std::string why = d == 64 ? blocks(std::integral_constant<int, 64>{}) : blocks(std::integral_constant<int, 128>{});
+    const std::string why =
+        d == 64 ? blocks(std::integral_constant<int, 64>{}) : blocks(std::integral_constant<int, 128>{});
     if (!why.empty()) return why;
   }
   return wgmma_backward_problem(space, d, fused);

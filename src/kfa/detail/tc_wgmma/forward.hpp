@@ -36,8 +36,9 @@ namespace kfa {
 namespace detail {
 
 /// Head dims of the wgmma forward: whole 64-element panels, and wgmma's n of O += P·V in {64, 128}.
-inline bool wgmma_head_dim_supported(int d) { return d == 64 || d == 128; }
-
+inline bool wgmma_head_dim_supported(int d) {
+  return d == 64 || d == 128;
+}
 
 /// Tiles of the two-warpgroup kernel (the forward with softcap): keys per K/V tile (64 or 128: wgmma's n of
 /// S = Q·Kᵀ) and resident blocks per SM the registers are bounded for. d = 64: 64 keys and two blocks per SM
@@ -92,41 +93,53 @@ inline bool wgmma_ws_forward(int d, bool softcap) {
 namespace tc {
 // Operand lists of the wgmma wrappers: the accumulator d[n/8][4] (the m16n8 C layout per warp) as
 // n/2 "+f" registers.
-#define KFA_WG_REGS_64 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
-#define KFA_WG_REGS_128 "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+#define KFA_WG_REGS_64                                                             \
+  "{"                                                                              \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+#define KFA_WG_REGS_128                                                              \
+  "{"                                                                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
-#define KFA_WG_OPS_64 \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
-  "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
-  "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
-  "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-#define KFA_WG_OPS_128_HI \
-  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), \
-  "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), \
-  "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), \
-  "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), \
-  "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"   \
+  "}"
+#define KFA_WG_OPS_64                                                                                          \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define KFA_WG_OPS_128_HI                                                                                             \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]),            \
+      "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),  \
+      "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), \
+      "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+      "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
 // D = A·B (+ D where the scale_d operand is non-zero); A and B from shared memory (descriptors).
-#define KFA_WG_SS(N, TY, REGS, A, B, S)                                                               \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY \
-  " " REGS ", %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"
+#define KFA_WG_SS(N, TY, REGS, A, B, S)                                                                            \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS \
+  ", %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"
 // D += A·B with A from registers (a0..a3) and B from shared memory read transposed (MN-major).
-#define KFA_WG_RS(N, TY, REGS, A0, A1, A2, A3, B, S)                                                  \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY \
-  " " REGS ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"
+#define KFA_WG_RS(N, TY, REGS, A0, A1, A2, A3, B, S)                                                               \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS \
+  ", {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B ", p, 1, 1, 1;\n}\n"
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
 /// Orders this thread's generic-proxy writes to shared memory (cp.async, st.shared) before the async
 /// proxy's reads (wgmma's operands); then a barrier makes every thread's writes visible.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 /// Pins an accumulator's registers after wgmma_wait_all: without it the compiler, which sees the wgmma
 /// asm produce them at issue, could move their readers above the wait.
 template <int N>
@@ -153,18 +166,22 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, 
   if constexpr (N == 64) {
     if constexpr (bf)
       asm volatile(KFA_WG_SS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34")
-                   : KFA_WG_OPS_64 : "l"(a), "l"(b), "r"(scale_d));
+                   : KFA_WG_OPS_64
+                   : "l"(a), "l"(b), "r"(scale_d));
     else
       asm volatile(KFA_WG_SS("64", "f16", KFA_WG_REGS_64, "32", "33", "34")
-                   : KFA_WG_OPS_64 : "l"(a), "l"(b), "r"(scale_d));
+                   : KFA_WG_OPS_64
+                   : "l"(a), "l"(b), "r"(scale_d));
   } else {
     static_assert(N == 128, "n = 64 or 128");
     if constexpr (bf)
       asm volatile(KFA_WG_SS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66")
-                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI : "l"(a), "l"(b), "r"(scale_d));
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
+                   : "l"(a), "l"(b), "r"(scale_d));
     else
       asm volatile(KFA_WG_SS("128", "f16", KFA_WG_REGS_128, "64", "65", "66")
-                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI : "l"(a), "l"(b), "r"(scale_d));
+                   : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
+                   : "l"(a), "l"(b), "r"(scale_d));
   }
 }
 
@@ -176,10 +193,12 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
   if constexpr (N == 64) {
     if constexpr (bf)
       asm volatile(KFA_WG_RS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
-                   : KFA_WG_OPS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+                   : KFA_WG_OPS_64
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
     else
       asm volatile(KFA_WG_RS("64", "f16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
-                   : KFA_WG_OPS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+                   : KFA_WG_OPS_64
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
   } else {
     static_assert(N == 128, "n = 64 or 128");
     if constexpr (bf)
@@ -539,8 +558,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
           const int cols = j_end - j0 < BC ? j_end - j0 : BC;
           const std::uint32_t kd = ks0 + st * stage_bytes;
           tc::load_tile_sw128<D, BC, NP>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
-          tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols,
-                                         tid);
+          tc::load_tile_sw128<D, BC, NP>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
           tc::cp_async_mbar_arrive(full);
         });
     tc::cp_async_wait_all();
@@ -561,7 +579,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   std::uint32_t pa[BC / 16][4];
   // The softmax of tile t in place in s (softcap none, masks, running max, exponentials, row sums); returns
   // whether O is to be rescaled, by f.
-  auto softmax = [&](int j0, float (&f)[2]) {
+  auto softmax = [&](int j0, float(&f)[2]) {
     const int cols = j_end - j0 < BC ? j_end - j0 : BC;
     tc::softcap_and_mask_rows<BC, false>(s, mask, i0, rows, j0, cols, wr0 + g, t4, 0.f, 0.f);
     float tmax[2] = {ninf, ninf};
@@ -602,7 +620,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     return rescale;
   };
   // O *= f where the softmax asked, then P packed to the A fragments of O += P·V.
-  auto rescale_and_pack = [&](bool rescale, const float (&f)[2]) {
+  auto rescale_and_pack = [&](bool rescale, const float(&f)[2]) {
     if (rescale) {
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
@@ -754,8 +772,9 @@ std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const
              "." + std::to_string(prop.minor);
     std::string why = native_smem_problem(space, smem, kernel);
     if (why.empty() && !wgmma_loaded(space))
-      why = "the device runs no sm_90a image of kfa's kernels (compile with -gencode=arch=compute_90a,code=sm_90a "
-            "too; kfa's own build: KFA_ENABLE_SM90A)";
+      why =
+          "the device runs no sm_90a image of kfa's kernels (compile with -gencode=arch=compute_90a,code=sm_90a "
+          "too; kfa's own build: KFA_ENABLE_SM90A)";
     return why;
   }
 #endif
@@ -770,10 +789,9 @@ std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
   if (!wgmma_head_dim_supported(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
-  const std::size_t smem = d == 64 ? (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<64>::smem
-                                                                   : WgmmaForwardShape<64>::smem)
-                                   : (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem
-                                                                   : WgmmaForwardShape<128>::smem);
+  const std::size_t smem =
+      d == 64 ? (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<64>::smem : WgmmaForwardShape<64>::smem)
+              : (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem : WgmmaForwardShape<128>::smem);
   return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
@@ -790,13 +808,13 @@ void wgmma_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
       tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, Shape::block_q) &&
                                tma_map_rows(a.tma, 1, args.k, Shape::block_k) &&
                                tma_map_rows(a.tma, 2, args.v, Shape::block_k));
-      native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, T, OutT>,
-                    league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
+      native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, T, OutT>, league,
+                    dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
       return;
     }
   }
   native_forward_launch<WgmmaForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
-                                                     &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, args);
+                                                    &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, args);
 }
 
 template <class Args>

@@ -1,0 +1,139 @@
+#pragma once
+/// kfa::dist ring attention forward.
+#include <Kokkos_Core.hpp>
+#include <kfa/attention.hpp>
+#include <kfa/compat.hpp>
+#include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/common/ranges.hpp>
+#include <kfa/distributed/ring/buffers.hpp>
+#include <kfa/distributed/ring/communicator.hpp>
+#include <kfa/distributed/ring/steps.hpp>
+#include <kfa/distributed/ring/transport.hpp>
+#include <kfa/distributed/shard.hpp>
+#include <kfa/merge.hpp>
+#include <kfa/options.hpp>
+#include <kfa/types.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace kfa {
+namespace dist {
+
+/// Ring attention forward over the ranks of `ring`: each rank passes its shard of q [batch, n_q(rank),
+/// heads_q, d] and of k, v [batch, n_k(rank), heads_kv, d] in ring.layout() and gets its shard of
+/// o and lse [batch, heads_q, n_q(rank)] — equal to attention_forward on the gathered sequence up to
+/// rounding. Collective over ring.comm(); a bad argument on any rank throws the same kfa::Error on all.
+/// Synchronous: the results are complete on return.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void ring_attention_forward(const ExecSpace& space, const Ring& ring, const QV& q, const KV& k, const VV& v,
+                            const OV& o, const LV& lse, const AttentionOptions& opts = {}, RingStats* stats = nullptr) {
+  kfa::detail::static_check_forward<ExecSpace, QV, KV, VV, OV, LV>();
+  constexpr const char* fn = "kfa::dist::ring_attention_forward";
+  detail::collective_check(ring, fn, [&] { kfa::detail::check_forward(fn, q, k, v, o, lse, opts); });
+  const ShardMap map = detail::agree_on_shapes(ring, fn, q, k, opts);
+  using T = typename QV::non_const_value_type;
+  using Acc = accumulator_t<T>;
+  using Mem = typename ExecSpace::memory_space;
+  compat::ScopedRegion region(std::string(fn) + "[" + to_string(ring.layout()) + ",P" + std::to_string(ring.size()) +
+                              "," + dtype_name<T>() + "]");
+  const long b = q.extent(0), nq = q.extent(1), hq = q.extent(2), hkv = k.extent(2), d = q.extent(3);
+  const int p = ring.size(), me = ring.rank();
+  const bool timed = stats != nullptr;
+  if (timed) stats->transport = ring.transport<Mem>();
+  const double t_begin = detail::stamp(space, timed);
+
+  if (p == 1) {  // the whole sequence is here: one kernel call, straight into o and lse, nothing sent
+    detail::single_rank(space, ring, fn, stats, t_begin, [&] {
+      kfa::detail::forward_impl(fn, space, q, k, v, o, lse, opts,
+                                kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
+    });
+    return;
+  }
+
+  detail::prepare_transport<Mem>(ring, fn);
+  constexpr bool host_space = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  // Timing single blocks' merges needs fences; on a device those would stall the host's MPI progress.
+  const bool fence_blocks = timed && host_space;
+  using Kv = detail::KvBuffer<T, Mem>;
+  const int last = detail::last_needed_step(map, opts, p);
+  long seg_max = 0;  // partial results are per (query segment, key segment) block
+  for (const Segment& qs : map.q_segments(me)) seg_max = std::max(seg_max, qs.length);
+  const detail::ReleaseWorkBuffers release(ring);  // declared first: runs after the buffers' users are gone
+  std::unique_ptr<Kv> cur, nxt;
+  std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex;
+  Kokkos::View<Acc****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> o_acc, o_part;
+  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> lse_acc, lse_part;
+  detail::agreed_allocation(ring, fn, [&] {  // kept by the Ring for its next call (the backward's too)
+    cur.reset(new Kv(ring, "kfa::dist::buffer::kv_a", b, map.k_length_max(), hkv, d));
+    nxt.reset(new Kv(ring, "kfa::dist::buffer::kv_b", b, map.k_length_max(), hkv, d));
+    ex.reset(new detail::Exchanger<ExecSpace, T>(space, ring, cur->count(map.k_length_max()),
+                                                 "kfa::dist::ring_forward::exchange"));
+    o_acc = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::acc_q", b, nq, hq, d);
+    o_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_q", b, seg_max, hq, d);
+    lse_acc = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::lse_acc", b, hq, nq);
+    lse_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::lse_part", b, hq, seg_max);
+  });
+  Kokkos::deep_copy(space, o_acc, Acc(0));  // the empty state (with lse_acc = −inf below)
+  Kokkos::deep_copy(space, o_part, Acc(0));
+  Kokkos::deep_copy(space, lse_part, Acc(0));
+  detail::copy_into(space, cur->tile(map.k_length(me), 0), k, "kfa::dist::ring_forward::load_k");
+  detail::copy_into(space, cur->tile(map.k_length(me), 1), v, "kfa::dist::ring_forward::load_v");
+  Kokkos::deep_copy(space, lse_acc, -compat::infinity<Acc>());  // the empty state: merges as the identity
+  if (timed) stats->steps.assign(p, RingStepStats{});
+
+  for (int s = 0; s <= last; ++s) {
+    const double t0 = detail::stamp(space, timed);
+    int blocks = 0;
+    double merge_s = 0;
+    const int owner = (me - s + p) % p, incoming = (me - s - 1 + 2 * p) % p;
+    // Every rank posts its transfer before any work that can fail, so the transfer always completes.
+    if (s < last)
+      ex->start(cur->data, cur->count(map.k_length(owner)), nxt->data, nxt->count(map.k_length(incoming)), s);
+    const std::string err = detail::capture([&] {
+      detail::injected_fault(ring, s);
+      const long nk = map.k_length(owner);
+      const auto kt = cur->tile(nk, 0), vt = cur->tile(nk, 1);
+      for (const Segment& qs : map.q_segments(me))
+        for (const Segment& ks : map.k_segments(owner)) {
+          kfa::detail::Positions pos;
+          if (!detail::block_visible(qs, ks, map, opts, pos)) continue;  // fully masked: skipped
+          const Segment part{qs.global_begin, qs.length, 0};
+          const auto op = detail::seq_slice(o_part, part);
+          const auto lp = detail::lse_slice(lse_part, part);
+          kfa::detail::forward_impl(fn, space, detail::seq_slice(q, qs), detail::seq_slice(kt, ks),
+                                    detail::seq_slice(vt, ks), op, lp, opts, pos);
+          const double tm0 = detail::stamp(space, fence_blocks);
+          kfa::merge_attention(space, detail::seq_slice(o_acc, qs), detail::lse_slice(lse_acc, qs), op, lp);
+          merge_s += detail::stamp(space, fence_blocks) - tm0;
+          ++blocks;
+          if (s < last) ex->test();
+        }
+      // On a device the kernels above run asynchronously: drive MPI now, while they compute.
+      if (s < last && !host_space) ex->wait_transfer();
+    });
+    const double t1 = detail::stamp(space, timed);
+    if (s < last) ex->finish(timed);
+    const double t2 = detail::stamp(space, timed);
+    detail::agree_on_step(ring, fn, s, err);
+    if (s < last) std::swap(cur, nxt);
+    if (timed)
+      stats->steps[s] = {t1 - t0 - merge_s,          merge_s, t2 - t1,
+                         s < last ? ex->bytes() : 0, blocks,  detail::stamp(space, true) - t2};
+    if (timed && stats->on_step) stats->on_step(s + 1, last + 1);
+  }
+  detail::copy_into(space, o, o_acc, "kfa::dist::ring_forward::store_o");
+  Kokkos::parallel_for(
+      "kfa::dist::ring_forward::store_lse", kfa::detail::range_like(space, lse),
+      KOKKOS_LAMBDA(const std::int64_t x, const std::int64_t h, const std::int64_t i) {
+        lse(x, h, i) = lse_acc(x, h, i);
+      });
+  space.fence();
+  if (timed) stats->total_s = detail::stamp(space, true) - t_begin;
+}
+
+}  // namespace dist
+}  // namespace kfa

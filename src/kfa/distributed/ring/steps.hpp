@@ -1,0 +1,176 @@
+#pragma once
+/// kfa::dist ring steps — what the forward and backward ring share around their kernels: statistics, the
+/// collective checks of arguments and shapes, the agreement at the end of every step (with the fault
+/// injection hook that tests it), the ring of one rank, and which blocks of a step any query sees.
+#include <Kokkos_Core.hpp>
+#include <kfa/detail/common/mask.hpp>
+#include <kfa/distributed/agreement.hpp>
+#include <kfa/distributed/ring/communicator.hpp>
+#include <kfa/distributed/shard.hpp>
+#include <kfa/error.hpp>
+#include <kfa/options.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace kfa {
+namespace dist {
+
+/// Per-step timings a ring call can report (pass a RingStats* as the last argument). Collecting them
+/// adds a fence after each step's compute.
+struct RingStepStats {
+  double compute_s = 0;   ///< this step's block computations (attention kernels); on device backends, where
+                          ///< the host drives MPI while the kernels run, also any transfer time they did not hide
+  double merge_s = 0;     ///< this step's merges of partial results (forward, host backends only)
+  double wait_s = 0;      ///< time blocked waiting for this step's transfers after the compute (not hidden)
+  std::size_t bytes = 0;  ///< bytes this rank sent in this step
+  int blocks = 0;         ///< (query segment, key segment) blocks computed; fully masked ones are skipped
+  double sync_s = 0;      ///< the end-of-step agreement: waiting for the slowest rank (load imbalance)
+};
+struct RingStats {
+  std::vector<RingStepStats> steps;
+  double total_s = 0;
+  std::string transport;  ///< how K/V (and dK/dV) travelled (Ring::transport)
+  /// Called on every rank after each ring step with (steps done, steps in all); e.g. a progress bar.
+  std::function<void(int, int)> on_step;
+};
+
+namespace detail {
+
+/// Runs `local_check` on every rank and agrees on the outcome: if any rank failed, every rank throws the
+/// same kfa::Error naming the first failing rank. Collective; never leaves a rank waiting.
+template <class F>
+void collective_check(const Ring& ring, const char* fn, F&& local_check) {
+  kfa::dist::agree(ring.comm(), capture(local_check), std::string(fn) + ": ");
+}
+
+/// Throws (on every rank) unless `values` are the same on all ranks; names[i] says what values[i] is.
+inline void check_same_everywhere(const Ring& ring, const char* fn, const std::vector<long>& values,
+                                  const std::vector<const char*>& names) {
+  std::vector<long> lo(values.size()), hi(values.size());
+  Ring::check_mpi(
+      MPI_Allreduce(values.data(), lo.data(), static_cast<int>(values.size()), MPI_LONG, MPI_MIN, ring.comm()),
+      "MPI_Allreduce");
+  Ring::check_mpi(
+      MPI_Allreduce(values.data(), hi.data(), static_cast<int>(values.size()), MPI_LONG, MPI_MAX, ring.comm()),
+      "MPI_Allreduce");
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (lo[i] != hi[i])
+      kfa::detail::fail(fn, ": ", names[i], " differs across ranks (from ", lo[i], " to ", hi[i], "; this rank has ",
+                        values[i], ")");
+}
+
+template <class T>
+long dtype_code() {
+  return static_cast<long>(sizeof(T)) * 16 + (std::is_same<T, double>::value  ? 1
+                                              : std::is_same<T, float>::value ? 2
+                                                                              : 3);
+}
+
+inline long bits_of(double x) {
+  long b;
+  static_assert(sizeof(b) == sizeof(x), "64-bit long");
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+/// Shapes and options every rank must agree on, then the shard lengths; returns the global layout.
+template <class QV, class KV>
+ShardMap agree_on_shapes(const Ring& ring, const char* fn, const QV& q, const KV& k, const AttentionOptions& opts) {
+  using T = typename QV::non_const_value_type;
+  check_same_everywhere(
+      ring, fn,
+      {dtype_code<T>(), static_cast<long>(q.extent(0)), static_cast<long>(q.extent(2)), static_cast<long>(k.extent(2)),
+       static_cast<long>(q.extent(3)), opts.causal ? 1L : 0L, opts.window_left, opts.window_right,
+       bits_of(opts.softmax_scale), bits_of(opts.softcap), static_cast<long>(ring.layout())},
+      {"element type", "batch (q.extent(0))", "heads_q (q.extent(2))", "heads_kv (k.extent(2))",
+       "head_dim (q.extent(3))", "opts.causal", "opts.window_left", "opts.window_right", "opts.softmax_scale",
+       "opts.softcap", "layout"});
+  std::array<long, 2> mine{static_cast<long>(q.extent(1)), static_cast<long>(k.extent(1))};
+  std::vector<long> all(2 * static_cast<std::size_t>(ring.size()));
+  Ring::check_mpi(MPI_Allgather(mine.data(), 2, MPI_LONG, all.data(), 2, MPI_LONG, ring.comm()), "MPI_Allgather");
+  std::vector<long> q_len(ring.size()), k_len(ring.size());
+  for (int r = 0; r < ring.size(); ++r) q_len[r] = all[2 * r], k_len[r] = all[2 * r + 1];
+  ShardMap map;
+  collective_check(ring, fn, [&] { map = ShardMap(ring.layout(), q_len, k_len); });
+  return map;
+}
+
+/// End of a ring step: agrees on whether any rank failed during it; if so, every rank throws the same
+/// kfa::Error naming the first failing rank. The step's transfers must be complete (finish()) before.
+inline void agree_on_step(const Ring& ring, const char* fn, int step, const std::string& local_error) {
+  kfa::dist::agree(ring.comm(), local_error, std::string(fn) + ": ring step " + std::to_string(step) + ": ");
+}
+
+/// The KFA_RING_FAULT test hook: throws on the chosen rank at the chosen step.
+inline void injected_fault(const Ring& ring, int step) {
+  if (ring.fault_at(step))
+    kfa::detail::fail("kfa::dist: fault injected at ring step ", step, " on rank ", ring.rank(), " (KFA_RING_FAULT)");
+}
+
+/// Allocations of a ring call, agreed: when one rank cannot allocate, every rank throws.
+template <class F>
+void agreed_allocation(const Ring& ring, const char* fn, F&& alloc) {
+  const std::string err = capture(alloc);
+  agree_on_step(ring, fn, -1, err.empty() ? err : "allocating the ring buffers: " + err);
+}
+
+/// Wall-clock stopwatch for RingStats; fences `space` first so device work is counted where it ran.
+template <class ExecSpace>
+double stamp(const ExecSpace& space, bool on) {
+  if (!on) return 0;
+  space.fence();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// A ring of one rank: `kernel` (one call over the whole sequence) as ring step 0, with the same failure
+/// agreement and statistics as a longer ring.
+template <class ExecSpace, class F>
+void single_rank(const ExecSpace& space, const Ring& ring, const char* fn, RingStats* stats, double t_begin,
+                 F&& kernel) {
+  const std::string err = capture([&] {
+    injected_fault(ring, 0);
+    kernel();
+    space.fence();
+  });
+  agree_on_step(ring, fn, 0, err);
+  if (stats) {
+    stats->steps.assign(1, RingStepStats{stamp(space, true) - t_begin, 0.0, 0.0, 0, 1});
+    stats->total_s = stats->steps[0].compute_s;
+    if (stats->on_step) stats->on_step(1, 1);
+  }
+}
+
+/// Positions of a (query segment, key segment) block, and whether any query of it sees any key.
+inline bool block_visible(const Segment& qs, const Segment& ks, const ShardMap& map, const AttentionOptions& opts,
+                          kfa::detail::Positions& pos) {
+  pos = {qs.global_begin, ks.global_begin, map.q_total(), map.k_total()};
+  if (qs.length == 0 || ks.length == 0) return false;
+  const kfa::detail::KeyMask mask(qs.length, ks.length, pos, opts.causal, opts.window_left, opts.window_right);
+  return mask.key_begin(0) < mask.key_end(qs.length);
+}
+
+/// The last ring step at which any rank sees any key of the shard visiting it. Beyond it (a sliding window
+/// shorter than the ring, say) every block is masked, so the ring stops there and exchanges nothing more.
+/// Every rank computes the same answer from the shared shard map, without communicating.
+inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, int p) {
+  int last = 0;
+  for (int s = 1; s < p; ++s)
+    for (int r = 0; r < p && last < s; ++r)
+      for (const Segment& qs : map.q_segments(r))
+        for (const Segment& ks : map.k_segments((r - s + p) % p)) {
+          kfa::detail::Positions pos;
+          if (block_visible(qs, ks, map, opts, pos)) last = s;
+        }
+  return last;
+}
+
+}  // namespace detail
+}  // namespace dist
+}  // namespace kfa
