@@ -88,6 +88,7 @@ double median_seconds(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
+#if KFA_HAVE_KOKKOS_KERNELS
 // KokkosBlas::gemm rate (GFLOP/s) on square float matrices of size n, same backend and threads.
 inline double gemm_ceiling(int n, int reps) {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> a("bench::a", n, n), b("bench::b", n, n), c("bench::c", n, n);
@@ -98,6 +99,7 @@ inline double gemm_ceiling(int n, int reps) {
   const double s = median_seconds(reps, [&] { kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c); });
   return 2.0 * n * double(n) * n / s * 1e-9;
 }
+#endif
 
 // The BLAS library this process has mapped (Debian's libblas.so.3 is an alternative: the reference BLAS
 // or OpenBLAS), so a "GEMM ceiling" says which BLAS it measured.

@@ -6,10 +6,12 @@
 #if !KFA_HAVE_KOKKOS_KERNELS
 #error "kfa/reference.hpp needs Kokkos Kernels, and this kfa was configured with KFA_ENABLE_KOKKOS_KERNELS=OFF"
 #endif
-#include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
-#include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/common/checks.hpp>     // the argument checks attention_forward/backward make
+#include <kfa/detail/common/recompute.hpp>  // zero4
+#include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
+#include <kfa/types.hpp>
 
 #include <KokkosBlas3_gemm.hpp>  // Kokkos Kernels: this is the one kfa header that needs it
 

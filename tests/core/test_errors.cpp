@@ -166,3 +166,24 @@ TEST(Errors, IsInvalidArgument) {
   Args a({1, 8, 8, 3, 2, 64});
   EXPECT_THROW(kfa::attention_forward(Exec(), a.q, a.k, a.v, a.o, a.lse), std::invalid_argument);
 }
+
+// KFA_NATIVE_SMEM_CAP (environment, read once per process): the number of bytes, or an error naming the variable
+// and the value. The cap itself only acts on CUDA devices (the GPU suite runs with it set).
+TEST(Errors, NativeSmemCapEnvironment) {
+  using kfa::detail::parse_native_smem_cap;
+  EXPECT_EQ(parse_native_smem_cap(nullptr), 0u);
+  EXPECT_EQ(parse_native_smem_cap(""), 0u);  // set but empty, as unset
+  EXPECT_EQ(parse_native_smem_cap("0"), 0u);
+  EXPECT_EQ(parse_native_smem_cap("101376"), 101376u);
+  EXPECT_EQ(parse_native_smem_cap("166912"), 166912u);
+  for (const char* bad : {"-1", "+5", " 99", "99 ", "99KB", "1e5", "0x100", "99999999999999999999999"}) {
+    try {
+      parse_native_smem_cap(bad);
+      ADD_FAILURE() << "no error for KFA_NATIVE_SMEM_CAP = \"" << bad << "\"";
+    } catch (const kfa::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("KFA_NATIVE_SMEM_CAP = \"") + bad + "\""), std::string::npos) << what;
+      EXPECT_NE(what.find("whole number of bytes"), std::string::npos) << what;
+    }
+  }
+}

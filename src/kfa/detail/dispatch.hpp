@@ -3,9 +3,9 @@
 /// `automatic` tries them (each family's family.hpp says why it cannot run a call, its tiles and its launch),
 /// and the 16-bit tensor-core backward, which composes its dK/dV and dQ stages from the wgmma, FA2-layout
 /// and team families' kernels. CUDA-specific code compiles only where has_tensor_core_path holds.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/ranges.hpp>
 #include <kfa/detail/common/recompute.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/detail/portable/family.hpp>
 #include <kfa/detail/simt/family.hpp>
 #include <kfa/detail/tc_fa2/family.hpp>

@@ -3,7 +3,6 @@
 /// collective error agreement. It brings the core's attention API (kfa/attention.hpp) but not all of kfa:
 /// include kfa/kfa.hpp for the rest (KFA_VERSION_STRING, kfa::reference_attention, ...). It includes the
 /// ring's parts itself rather than ring.hpp, so that it stands no higher in the include graph than ring.hpp.
-#include <kfa/distributed/agreement.hpp>
 #include <kfa/distributed/merge_op.hpp>
 #include <kfa/distributed/ring/backward.hpp>
 #include <kfa/distributed/ring/buffers.hpp>
@@ -11,4 +10,5 @@
 #include <kfa/distributed/ring/forward.hpp>
 #include <kfa/distributed/ring/steps.hpp>
 #include <kfa/distributed/ring/transport.hpp>
-#include <kfa/distributed/shard.hpp>
+#include <kfa/mpi/agreement.hpp>
+#include <kfa/mpi/shard.hpp>

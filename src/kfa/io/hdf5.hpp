@@ -9,9 +9,9 @@
 #include <hdf5.h>
 #include <mpi.h>
 
-#include <kfa/distributed/agreement.hpp>
-#include <kfa/distributed/shard.hpp>
 #include <kfa/error.hpp>
+#include <kfa/mpi/agreement.hpp>
+#include <kfa/mpi/shard.hpp>
 
 #include <kfa/io/files.hpp>
 

@@ -159,5 +159,94 @@ void check_no_alias(const char* fn, const char* out_name, const Out& out, const 
   if (overlaps(out, in)) fail(fn, ": output ", out_name, " overlaps input ", in_name, " in memory");
 }
 
+template <class T>
+double resolved_scale(const AttentionOptions& opts, std::size_t head_dim) {
+  return opts.softmax_scale > 0 ? opts.softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+/// The element types of q, k, v, o and lse (forward and backward).
+template <class QV, class KV, class VV, class OV, class LV>
+void static_check_elements() {
+  using T = typename QV::non_const_value_type;
+  static_assert(is_supported_element<T>::value, "kfa: element type must be double, float, half or bfloat16");
+  static_assert(std::is_same<T, typename KV::non_const_value_type>::value &&
+                    std::is_same<T, typename VV::non_const_value_type>::value &&
+                    std::is_same<T, typename OV::non_const_value_type>::value,
+                "kfa: q, k, v and o must have the same element type");
+  static_assert(std::is_same<accumulator_t<T>, typename LV::non_const_value_type>::value,
+                "kfa: lse must hold the accumulation type (double for double inputs, float otherwise)");
+}
+
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
+void static_check_forward() {
+  static_check_view<ExecSpace, QV, 4, false>();
+  static_check_view<ExecSpace, KV, 4, false>();
+  static_check_view<ExecSpace, VV, 4, false>();
+  static_check_view<ExecSpace, OV, 4, true>();
+  static_check_view<ExecSpace, LV, 3, true>();
+  static_check_elements<QV, KV, VV, OV, LV>();
+}
+
+/// All run-time checks of attention_forward and reference_attention.
+template <class QV, class KV, class VV, class OV, class LV>
+void check_forward(const char* fn, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                   const AttentionOptions& opts) {
+  check_qkv_and_options(fn, q, k, v, opts);
+  check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "lse", lse, {q.extent(0), q.extent(2), q.extent(1)});
+  check_no_alias(fn, "o", o, "q", q);
+  check_no_alias(fn, "o", o, "k", k);
+  check_no_alias(fn, "o", o, "v", v);
+  check_no_alias(fn, "lse", lse, "q", q);
+  check_no_alias(fn, "lse", lse, "k", k);
+  check_no_alias(fn, "lse", lse, "v", v);
+  check_no_alias(fn, "lse", lse, "o", o);
+}
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
+void static_check_backward() {
+  static_check_view<ExecSpace, QV, 4, false>();
+  static_check_view<ExecSpace, KV, 4, false>();
+  static_check_view<ExecSpace, VV, 4, false>();
+  static_check_view<ExecSpace, OV, 4, false>();  // the forward's outputs are the backward's inputs: may be const
+  static_check_view<ExecSpace, LV, 3, false>();
+  static_check_elements<QV, KV, VV, OV, LV>();
+  static_check_view<ExecSpace, DOV, 4, false>();
+  static_check_view<ExecSpace, DQV, 4, true>();
+  static_check_view<ExecSpace, DKV, 4, true>();
+  static_check_view<ExecSpace, DVV, 4, true>();
+  using T = typename QV::non_const_value_type;
+  static_assert(std::is_same<T, typename DOV::non_const_value_type>::value &&
+                    std::is_same<T, typename DQV::non_const_value_type>::value &&
+                    std::is_same<T, typename DKV::non_const_value_type>::value &&
+                    std::is_same<T, typename DVV::non_const_value_type>::value,
+                "kfa: d_o, dq, dk and dv must have the same element type as q");
+}
+
+/// All run-time checks of attention_backward and reference_attention_backward.
+template <class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
+void check_backward(const char* fn, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o, const LV& lse,
+                    const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts) {
+  check_qkv_and_options(fn, q, k, v, opts);
+  check_extents(fn, "o", o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "d_o", d_o, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "lse", lse, {q.extent(0), q.extent(2), q.extent(1)});
+  check_extents(fn, "dq", dq, {q.extent(0), q.extent(1), q.extent(2), q.extent(3)});
+  check_extents(fn, "dk", dk, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
+  check_extents(fn, "dv", dv, {k.extent(0), k.extent(1), k.extent(2), k.extent(3)});
+  auto inputs_of = [&](const char* out_name, const auto& out) {
+    check_no_alias(fn, out_name, out, "q", q);
+    check_no_alias(fn, out_name, out, "k", k);
+    check_no_alias(fn, out_name, out, "v", v);
+    check_no_alias(fn, out_name, out, "o", o);
+    check_no_alias(fn, out_name, out, "d_o", d_o);
+    check_no_alias(fn, out_name, out, "lse", lse);
+  };
+  inputs_of("dq", dq);
+  inputs_of("dk", dk);
+  inputs_of("dv", dv);
+  check_no_alias(fn, "dq", dq, "dk", dk);
+  check_no_alias(fn, "dq", dq, "dv", dv);
+  check_no_alias(fn, "dk", dk, "dv", dv);
+}
 }  // namespace detail
 }  // namespace kfa

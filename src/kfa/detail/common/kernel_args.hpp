@@ -5,7 +5,7 @@
 /// Built once per call (forward_run, backward_run); device-copyable, so a functor holds the Views it reads as
 /// they come. The static_asserts make the canonical types the only ones a kernel can be instantiated for.
 #include <kfa/detail/common/canonical.hpp>
-#include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/types.hpp>
 
 #include <type_traits>

@@ -7,23 +7,45 @@
 #include <kfa/compat.hpp>
 #include <kfa/error.hpp>
 #include <kfa/paths.hpp>
-#include <kfa/tuning.hpp>  // KFA_NATIVE_SMEM_CAP
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <string>
 
 namespace kfa {
 namespace detail {
 
+/// The value of the environment variable KFA_NATIVE_SMEM_CAP (`value`; null when unset): bytes of shared memory
+/// per block that native_smem_max reports at most, so that a device with more runs and tests what a device with
+/// less would choose (101376: sm_86/89; 166912: sm_80). 0, empty or unset: no cap. Anything but a whole number of bytes
+/// is a kfa::Error naming the variable.
+inline std::size_t parse_native_smem_cap(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long bytes = std::strtoull(value, &end, 10);
+  if (!std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno == ERANGE)
+    fail("KFA_NATIVE_SMEM_CAP = \"", value, "\": must be a whole number of bytes (0: no cap)");
+  return static_cast<std::size_t>(bytes);
+}
+
+/// KFA_NATIVE_SMEM_CAP of this process's environment, read once (see parse_native_smem_cap).
+inline std::size_t native_smem_cap() {
+  static const std::size_t cap = parse_native_smem_cap(std::getenv("KFA_NATIVE_SMEM_CAP"));
+  return cap;
+}
+
 /// Shared memory per block the device of `space` allows with opt-in (0 off CUDA), at most KFA_NATIVE_SMEM_CAP
-/// where that is set (kfa/tuning.hpp).
+/// where the environment sets it. Every choice between kernels that depends on shared memory asks this.
 template <class ExecSpace>
 std::size_t native_smem_max(const ExecSpace& space) {
 #if KFA_HAS_TENSOR_CORES
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     const std::size_t have = space.cuda_device_prop().sharedMemPerBlockOptin;
-    const std::size_t cap = static_cast<std::size_t>(KFA_NATIVE_SMEM_CAP);
+    const std::size_t cap = native_smem_cap();
     return cap > 0 && cap < have ? cap : have;
   }
 #endif

@@ -2,10 +2,10 @@
 /// cuda/native_args.hpp: the argument structs of the natively launched query-block kernels (the FA2-layout
 /// forward and dQ, the 3xTF32 and wgmma kernels): raw pointers and element strides filled from a call's
 /// ForwardArgs or BackwardArgs, and the launch of a native forward.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
 #include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/mask.hpp>
 
 #include <cstdint>
 #include <type_traits>

@@ -12,9 +12,9 @@
 /// Q is pre-scaled, so dK = dSᵀ·(scale·Q) and dQ = scale·dS·K. With softcap, dS picks up 1 − tanh².
 /// A row whose LSE is −inf saw no key: its P row is 0, so it contributes nothing.
 #include <kfa/detail/common/fast_exp.hpp>
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/ranges.hpp>
 #include <kfa/detail/common/recompute.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/detail/portable/tile_products.hpp>
 #include <kfa/online_softmax.hpp>
 #include <kfa/tiling.hpp>

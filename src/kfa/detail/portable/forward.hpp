@@ -8,7 +8,7 @@
 /// the per-row (m, ℓ) with the shared combine rule, and accumulates O += P·V. O is normalized once at the end
 /// and written with its LSE.
 #include <kfa/detail/common/fast_exp.hpp>
-#include <kfa/detail/common/mask.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/detail/portable/tile_products.hpp>
 #include <kfa/online_softmax.hpp>
 #include <kfa/tiling.hpp>

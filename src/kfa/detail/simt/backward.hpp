@@ -21,9 +21,9 @@
 /// 16 (12) FFMAs per scratch load, twice the forward's 8; the 4 · log2 H shuffles per row that sum the
 /// four dots (7 where reduce-scattered, see reduce_p_ds) are the other MIO traffic. Owning more rows per
 /// thread would cut loads further but needs more than 255 registers (dK/dV already takes 240).
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>          // QueryBlock
+#include <kfa/detail/mask.hpp>
 #include <kfa/error.hpp>
 #include <kfa/tiling.hpp>
 

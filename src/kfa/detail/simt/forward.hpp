@@ -10,8 +10,8 @@
 ///   scratch reads are 16-byte broadcasts, and the slices sit HD + 4 floats apart so a warp's distinct
 ///   addresses use distinct banks: one LDS.128 feeds 4 · ROWS FFMAs per lane. Scores are summed over the
 ///   lanes of a row with shuffles; the per-sub-block rescale is the shared combine rule (merge_factors).
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/cuda/mma.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
 
 #include <cstddef>

@@ -18,10 +18,10 @@
 ///   Against the 16-keys-per-warp kernel, a step is 4× the work per barrier, S and dP tiles are two m16
 ///   tiles per warp (each K, V, Q or dO fragment read from shared memory feeds two mma), and no softcap
 ///   factor lives across a product (dP is computed first; P and dS come out of one pass).
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/mask.hpp>
 
 #include <cstddef>
 #include <cstdint>

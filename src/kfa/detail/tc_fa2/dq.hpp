@@ -13,11 +13,11 @@
 ///   double-buffered with cp.async.
 ///   A tile: S = Q·Kᵀ and dP = dO·Vᵀ, dS = P ∘ (dP − D) (∘ softcap') in registers, dQ += dS·K.
 ///   No atomics: each block owns its rows of dQ, so the result is bitwise reproducible.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
+#include <kfa/detail/mask.hpp>
 
 #include <cstddef>
 #include <cstdint>

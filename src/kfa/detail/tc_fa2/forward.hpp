@@ -13,10 +13,10 @@
 ///
 /// Ordering with the user's work: the kernel is enqueued on space.cuda_stream(), the stream every Kokkos
 /// kernel of that instance runs on, so fences and later Kokkos work see it exactly as a parallel_for.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
 #include <kfa/detail/cuda/native_args.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
 
 #include <cstddef>

@@ -13,10 +13,10 @@
 ///   dQ (one team per batch, query head, 64 queries): Q and dO in registers, K and V tiles streamed through
 ///     two stages of level-0 scratch; S = Q·Kᵀ, dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K.
 /// Double-buffered (dK/dV at d > 64, dQ): the loads of tile t+1 are in flight while tile t is multiplied.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/mask.hpp>
 
 #include <cstddef>
 #include <cstdint>

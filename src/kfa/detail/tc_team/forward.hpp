@@ -9,8 +9,8 @@
 /// the softmax run, K_{j+1} loads while O += P·V_j runs. S and O live in fp32 registers; P is converted to
 /// 16-bit in registers and used directly as the A operand of P·V. Row maxima and sums are reduced over
 /// the four lanes that share a row; the per-tile rescale is the shared combine rule (merge_factors).
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/cuda/mma.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
 
 #include <cstddef>

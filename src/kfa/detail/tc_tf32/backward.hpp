@@ -19,12 +19,12 @@
 /// The tensor core truncates what it adds to C, so, as in the forward, no C carries a long sum: scores are
 /// summed 32 head dims at a time and the gradients one step (tile) and 32 head dims at a time into a zeroed
 /// C, then added to fp32 registers.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse, BackwardParts
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
 #include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_tf32/forward.hpp>  // tc::scores_3xtf32, tc::accumulate_c_rows_3xtf32, ...
 
 #include <cstddef>

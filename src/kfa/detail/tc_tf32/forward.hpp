@@ -28,10 +28,10 @@
 /// fragment of P is S's C fragment (c0, c2, c1, c3); the n-index g of n-tile 4p + q is head dim
 /// 32p + 4g + q, so one 16-byte read of V's row gives the B fragments of four n-tiles, and a thread ends with
 /// head dims 32p + 8t … 32p + 8t + 7 of its rows (two 16-byte stores).
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
+#include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
 
 #include <cstddef>

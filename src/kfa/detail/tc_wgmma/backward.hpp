@@ -23,10 +23,10 @@
 /// as the warp-specialized forward).
 ///
 /// Both need the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2DqArgs, set_dq_args
 #include <kfa/detail/cuda/recompute_p.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/detail/tc_wgmma/forward.hpp>  // tc::wgmma_*, tc::load_tile_sw128, wgmma_device_problem
 
 #include <algorithm>

@@ -3,13 +3,13 @@
 #include <Kokkos_Core.hpp>
 #include <kfa/attention.hpp>
 #include <kfa/compat.hpp>
-#include <kfa/detail/common/mask.hpp>
 #include <kfa/detail/common/recompute.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/distributed/ring/buffers.hpp>
 #include <kfa/distributed/ring/communicator.hpp>
 #include <kfa/distributed/ring/steps.hpp>
 #include <kfa/distributed/ring/transport.hpp>
-#include <kfa/distributed/shard.hpp>
+#include <kfa/mpi/shard.hpp>
 #include <kfa/options.hpp>
 #include <kfa/types.hpp>
 

@@ -5,7 +5,7 @@
 #include <Kokkos_Core.hpp>
 #include <kfa/detail/common/ranges.hpp>
 #include <kfa/distributed/ring/communicator.hpp>
-#include <kfa/distributed/shard.hpp>
+#include <kfa/mpi/shard.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -10,9 +10,9 @@
 #endif
 
 #include <Kokkos_Core.hpp>
-#include <kfa/distributed/agreement.hpp>
-#include <kfa/distributed/shard.hpp>
 #include <kfa/error.hpp>
+#include <kfa/mpi/agreement.hpp>
+#include <kfa/mpi/shard.hpp>
 
 #if defined(KFA_HAVE_NCCL) && defined(KOKKOS_ENABLE_CUDA)
 #include <nccl.h>

@@ -3,11 +3,11 @@
 /// collective checks of arguments and shapes, the agreement at the end of every step (with the fault
 /// injection hook that tests it), the ring of one rank, and which blocks of a step any query sees.
 #include <Kokkos_Core.hpp>
-#include <kfa/detail/common/mask.hpp>
-#include <kfa/distributed/agreement.hpp>
+#include <kfa/detail/mask.hpp>
 #include <kfa/distributed/ring/communicator.hpp>
-#include <kfa/distributed/shard.hpp>
 #include <kfa/error.hpp>
+#include <kfa/mpi/agreement.hpp>
+#include <kfa/mpi/shard.hpp>
 #include <kfa/options.hpp>
 
 #include <array>

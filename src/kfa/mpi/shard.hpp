@@ -1,7 +1,8 @@
 #pragma once
-/// How one sequence is cut into per-rank shards. Contiguous: rank r holds one run of tokens, of any
-/// length (lengths may differ per rank). Zigzag (causal load balance): the sequence is cut into 2P
-/// nearly equal chunks and rank r holds chunks r and 2P−1−r, in that order.
+/// kfa/mpi/shard.hpp (namespace kfa::dist): how one sequence is cut into per-rank shards, for the ring and
+/// kfa::io. Contiguous: rank r holds one run of tokens, of any length (lengths may differ per rank). Zigzag
+/// (causal load balance): the sequence is cut into 2P nearly equal chunks and rank r holds chunks r and 2P−1−r,
+/// in that order.
 #include <kfa/error.hpp>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #pragma once
-/// common/mask.hpp: which keys a query row sees: bottom-right-aligned causal mask and sliding window, on global
-/// positions.
+/// detail/mask.hpp: which keys a query row sees: bottom-right-aligned causal mask and sliding window, on global
+/// positions. Below common/ and cuda/ (it includes only compat.hpp), since both carry a KeyMask: the common
+/// argument structs and the native kernels' pointer structs.
 #include <kfa/compat.hpp>
 
 namespace kfa {

@@ -1,7 +1,7 @@
 #pragma once
-/// kfa::dist agreement — one collective decision about a failure, for every layer that calls MPI collectives:
-/// each rank says what failed on it ("" when nothing did), and then either every rank returns or every rank
-/// throws the same kfa::Error, naming the first failing rank's message. No rank is left waiting in a later
+/// kfa/mpi/agreement.hpp (namespace kfa::dist) — one collective decision about a failure, for every layer that calls
+/// MPI collectives: each rank says what failed on it ("" when nothing did), and then either every rank returns or every
+/// rank throws the same kfa::Error, naming the first failing rank's message. No rank is left waiting in a later
 /// collective call while another has thrown. The ring agrees this way on its argument checks and at the end of
 /// every ring step; kfa::io on every file operation.
 #include <mpi.h>
