@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from apptest import kill_session
+from apptest import kill_session, mpi_env
 
 FAILURES = []
 
@@ -66,7 +66,7 @@ def run(binary, args, timeout=60, cwd=None):
         cmd = MPI[:1] + ["-n", "2"] + MPI[1:] + cmd
     t0 = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                         start_new_session=True)
+                         start_new_session=True, env=mpi_env())
     try:
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err, time.time() - t0

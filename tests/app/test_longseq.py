@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import pty
+import select
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import time
 import h5py
 import numpy as np
 
-from apptest import kill_session, reference
+from apptest import kill_session, mpi_env, reference
 
 APP = sys.argv[1]
 MPI = sys.argv[2:]
@@ -27,11 +28,11 @@ FAILURES = []
 
 def run(np_, *args, timeout=300, cwd=None, env=None, launcher=()):
     """Runs the app on np_ ranks; a run past `timeout` s is killed (mpirun and every rank) and returns 124,
-    so a hang fails the test instead of blocking it. `env`: variables added to the environment; `launcher`:
-    more mpirun options."""
+    so a hang fails the test instead of blocking it. `env`: variables added to the environment (apptest.mpi_env);
+    `launcher`: more mpirun options."""
     cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + list(launcher) + [APP] + [str(a) for a in args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                         start_new_session=True, env=dict(os.environ, **(env or {})))
+                         start_new_session=True, env=mpi_env(env))
     try:
         out, _ = p.communicate(timeout=timeout)
         return p.returncode, out
@@ -272,7 +273,7 @@ def run_split(np_, *args, timeout=300, env=None):
     (exit status, stdout, stderr)."""
     cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                         env=dict(os.environ, **(env or {})))
+                         env=mpi_env(env))
     try:
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
@@ -1052,11 +1053,17 @@ def main():
     killed = os.path.join(tmp, "killed.h5")
     cmd = MPI[:1] + ["-n", "2"] + MPI[1:] + [APP, "--generate", "--seqlen", "262144", "--heads", "8", "--head-dim",
                                              "64", "--output", killed]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    time.sleep(3)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                         env=mpi_env())
+    err, t0 = b"", time.time()  # killed while computing: once the start line is out (a fixed 3 s before: slower)
+    while b"computing" not in err and p.poll() is None and time.time() - t0 < 60:
+        if select.select([p.stderr], [], [], 1)[0]:
+            err += os.read(p.stderr.fileno(), 4096)
+    time.sleep(0.5)
     kill_session(p.pid)  # mpirun and the ranks (killpg(mpirun) left the ranks computing, orphaned)
     p.wait()
-    check(not os.path.exists(killed), "killed run leaves no output file")
+    p.stderr.close()
+    check(b"computing" in err and not os.path.exists(killed), "killed run (while computing) leaves no output file")
 
     print(f"{len(FAILURES)} failure(s)")
     if FAILURES:
