@@ -7,25 +7,44 @@
 namespace kfa {
 namespace detail {
 
+/// Packed variable-length sequences (FlashAttention's cu_seqlens): document s holds the queries
+/// [cu_q[s], cu_q[s+1]) and the keys [cu_k[s], cu_k[s+1]) of one packed sequence, and no query sees a key of
+/// another document. Pointers into memory the kernels' execution space reads (count + 1 entries each,
+/// validated on the host before any launch); count = 0 is a fixed-length call.
+struct Documents {
+  const int* cu_q = nullptr;
+  const int* cu_k = nullptr;
+  int count = 0;
+};
+
 /// Where a block of queries and keys sits in the whole sequence: the global position of its first query
 /// and first key, and the global lengths that fix the bottom-right alignment. The default (negative
-/// totals) means the block is the whole sequence. The MPI ring layer passes its shards' positions here.
+/// totals) means the block is the whole sequence. The MPI ring layer passes its shards' positions here;
+/// the variable-length API its documents (then the block is the whole packed sequence).
 struct Positions {
   long q_begin = 0;
   long k_begin = 0;
   long q_total = -1;
   long k_total = -1;
+  Documents docs;
 };
 
 /// Query i sees key j iff j < seq_k and i + offset − left ≤ j ≤ i + offset + right, where offset =
 /// seq_k − seq_q (bottom-right alignment) and left/right < 0 mean unbounded. Causal is right = 0.
 /// For a block of a longer sequence, i and j stay local and the block's global positions fold into
 /// offset = (k_total − q_total) + q_begin − k_begin.
+/// With documents (varlen), i and j index the packed sequence and the same rule holds inside each
+/// document, on the document's own positions and lengths (bottom-right alignment per document). Every
+/// kernel family asks only the functions below which keys a row, a block of rows or a key sees, so this is
+/// the one place variable-length batches reach the kernels: each row's visible keys stay one range, and the
+/// ranges' ends grow with the row across documents too, so a block's key range is its first row's first key
+/// to its last row's last key, exactly as for one sequence.
 struct KeyMask {
   long seq_k = 0;
   long offset = 0;
   long left = -1;
   long right = -1;
+  Documents docs;
 
   KeyMask() = default;
   KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right)
@@ -37,42 +56,113 @@ struct KeyMask {
     const long q_total = p.q_total < 0 ? seq_q_ : p.q_total;
     const long k_total = p.k_total < 0 ? seq_k_ : p.k_total;
     offset = (k_total - q_total) + p.q_begin - p.k_begin;
+    docs = p.docs;
   }
-  KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
-    return j >= 0 && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
+
+  /// The document holding packed position x of prefix sums cu (the last s < docs.count with cu[s] <= x:
+  /// empty documents never hold a position).
+  KOKKOS_INLINE_FUNCTION int document_of(const int* cu, long x) const {
+    int lo = 0, hi = docs.count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (cu[mid] <= x)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
   }
+  KOKKOS_INLINE_FUNCTION static long clamp(long x, long lo, long hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
   /// The keys row i sees as one range [first, last] (empty when first > last): visible(i, j) is
   /// first <= j <= last. Kernels test a whole row of a tile against it.
   KOKKOS_INLINE_FUNCTION void visible_range(long i, long& first, long& last) const {
-    first = left < 0 ? 0 : i + offset - left;
-    if (first < 0) first = 0;
-    last = right < 0 ? seq_k - 1 : i + offset + right;
-    if (last > seq_k - 1) last = seq_k - 1;
+    if (docs.count == 0) {
+      first = left < 0 ? 0 : i + offset - left;
+      if (first < 0) first = 0;
+      last = right < 0 ? seq_k - 1 : i + offset + right;
+      if (last > seq_k - 1) last = seq_k - 1;
+      return;
+    }
+    const int s = document_of(docs.cu_q, i);
+    const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
+    const long nk = docs.cu_k[s + 1] - k0, off = nk - (docs.cu_q[s + 1] - q0), li = i - q0;
+    first = k0 + (left < 0 ? 0 : clamp(li + off - left, 0, nk));
+    last = k0 + (right < 0 ? nk - 1 : clamp(li + off + right, -1, nk - 1));
+  }
+  /// The query rows that see key j as one range [first, last] (empty when first > last).
+  KOKKOS_INLINE_FUNCTION void seen_by(long j, long seq_q, long& first, long& last) const {
+    if (docs.count == 0) {
+      first = right < 0 ? 0 : j - offset - right;
+      if (first < 0) first = 0;
+      last = left < 0 ? seq_q - 1 : j + left - offset;
+      if (last > seq_q - 1) last = seq_q - 1;
+      return;
+    }
+    const int s = document_of(docs.cu_k, j);
+    const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
+    const long nq = docs.cu_q[s + 1] - q0, off = (docs.cu_k[s + 1] - k0) - nq, lj = j - k0;
+    first = q0 + (right < 0 ? 0 : clamp(lj - off - right, 0, nq));
+    last = q0 + (left < 0 ? nq - 1 : clamp(lj - off + left, -1, nq - 1));
+  }
+  KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
+    if (docs.count == 0)
+      return j >= 0 && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
+    long first, last;
+    visible_range(i, first, last);
+    return j >= first && j <= last;
   }
   /// First key any of rows [i_begin, i_end) can see (may be ≥ the returned end: nothing visible).
   KOKKOS_INLINE_FUNCTION long key_begin(long i_begin) const {
-    const long b = left < 0 ? 0 : i_begin + offset - left;
-    return b < 0 ? 0 : b;
+    if (docs.count == 0) {
+      const long b = left < 0 ? 0 : i_begin + offset - left;
+      return b < 0 ? 0 : b;
+    }
+    long first, last;
+    visible_range(i_begin, first, last);
+    return first;
   }
   /// One past the last key any of rows [i_begin, i_end) can see.
   KOKKOS_INLINE_FUNCTION long key_end(long i_end) const {
-    const long e = right < 0 ? seq_k : (i_end - 1) + offset + right + 1;
-    return e > seq_k ? seq_k : e;
+    if (docs.count == 0) {
+      const long e = right < 0 ? seq_k : (i_end - 1) + offset + right + 1;
+      return e > seq_k ? seq_k : e;
+    }
+    long first, last;
+    visible_range(i_end - 1, first, last);
+    return last + 1;
   }
   /// First query row that sees any key of [j_begin, j_end) (clamped to 0).
   KOKKOS_INLINE_FUNCTION long query_begin(long j_begin) const {
-    const long b = right < 0 ? 0 : j_begin - offset - right;
-    return b < 0 ? 0 : b;
+    if (docs.count == 0) {
+      const long b = right < 0 ? 0 : j_begin - offset - right;
+      return b < 0 ? 0 : b;
+    }
+    long first, last;
+    seen_by(j_begin, 0, first, last);
+    return first;
   }
   /// One past the last query row that sees any key of [j_begin, j_end), clamped to seq_q.
   KOKKOS_INLINE_FUNCTION long query_end(long j_end, long seq_q) const {
-    const long e = left < 0 ? seq_q : (j_end - 1) + left - offset + 1;
-    return e > seq_q ? seq_q : e;
+    if (docs.count == 0) {
+      const long e = left < 0 ? seq_q : (j_end - 1) + left - offset + 1;
+      return e > seq_q ? seq_q : e;
+    }
+    long first, last;
+    seen_by(j_end - 1, seq_q, first, last);
+    return last + 1;
   }
   /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
   KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
-    return j_end <= seq_k && (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
-           (right < 0 || j_end - 1 <= i_begin + offset + right);
+    if (docs.count == 0)
+      return j_end <= seq_k && (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
+             (right < 0 || j_end - 1 <= i_begin + offset + right);
+    const int s = document_of(docs.cu_q, i_begin);
+    const long q0 = docs.cu_q[s], k0 = docs.cu_k[s], q1 = docs.cu_q[s + 1], k1 = docs.cu_k[s + 1];
+    if (i_end > q1 || j_begin < k0 || j_end > k1) return false;  // rows or keys of another document
+    const long off = (k1 - k0) - (q1 - q0);
+    return (left < 0 || j_begin - k0 >= (i_end - 1 - q0) + off - left) &&
+           (right < 0 || j_end - 1 - k0 <= (i_begin - q0) + off + right);
   }
 };
 

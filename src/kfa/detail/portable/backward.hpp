@@ -146,11 +146,17 @@ struct DkDvKernel {
   template <class Tag>
   KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0,
                                                int cols, bool need_mask) const {
+    long first = 0, last = cols - 1;  // the row's visible keys, as tile columns
+    if (need_mask) {
+      mask.visible_range(i, first, last);
+      first -= j0;
+      last = last - j0 < cols - 1 ? last - j0 : cols - 1;
+    }
     if (softcap > Acc(0)) {
       const Acc inv = Acc(1) / softcap;
       for (int j = 0; j < bk; ++j) {
         const Acc t = compat::tanh(srow[j] * inv);
-        const bool vis = j < cols && (!need_mask || mask.visible(i, j0 + j));
+        const bool vis = j >= first && j <= last;
         const Acc p = vis ? fast_exp(softcap * t - l) : Acc(0);
         srow[j] = p;
         dprow[j] = p * (dprow[j] - dval) * (Acc(1) - t * t);
@@ -159,7 +165,7 @@ struct DkDvKernel {
     }
     if (need_mask) {
       for (int j = 0; j < bk; ++j) {
-        const bool vis = j < cols && mask.visible(i, j0 + j);
+        const bool vis = j >= first && j <= last;
         srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
       }
     }
@@ -275,12 +281,20 @@ struct DqKernel {
           // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
           // branches so that it vectorizes across the W rows on host.
           const int ib = chunk * W;
+          long first[W], last[W];  // each row's visible keys, as tile columns
+          for (int x = 0; x < W; ++x) {
+            first[x] = 0, last[x] = cols - 1;
+            if (!need_mask) continue;
+            mask.visible_range(i0 + ib + x, first[x], last[x]);
+            first[x] -= j0;
+            last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+          }
           if (softcap > Acc(0)) {
             const Acc inv = Acc(1) / softcap;
             for (int j = 0; j < bk; ++j)
               for (int x = 0; x < W; ++x) {
                 const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
-                const bool vis = j < cols && (!need_mask || mask.visible(i0 + ib + x, j0 + j));
+                const bool vis = j >= first[x] && j <= last[x];
                 const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
                 dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
               }
@@ -289,7 +303,7 @@ struct DqKernel {
           if (need_mask)
             for (int j = 0; j < bk; ++j)
               for (int x = 0; x < W; ++x) {
-                const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+                const bool vis = j >= first[x] && j <= last[x];
                 st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
               }
           lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);

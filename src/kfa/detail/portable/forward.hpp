@@ -120,9 +120,15 @@ struct ForwardKernel {
               for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
           }
           if (need_mask) {
+            long first[W], last[W];  // each row's visible keys, as tile columns
+            for (int x = 0; x < W; ++x) {
+              mask.visible_range(i0 + ib + x, first[x], last[x]);
+              first[x] -= j0;
+              last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+            }
             for (int j = 0; j < bk; ++j)
               for (int x = 0; x < W; ++x) {
-                const bool vis = j < cols && mask.visible(i0 + ib + x, j0 + j);
+                const bool vis = j >= first[x] && j <= last[x];
                 st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
               }
           }
