@@ -344,8 +344,8 @@ TEST(VarlenErrors, NameTheArgumentAndLeaveOutputsUntouched) {
   expect_error("cu_seqlens_q decreases: cu_seqlens_q(2) = 5 < cu_seqlens_q(1) = 10", to_device({0, 10, 5, 32}),
                p.cu_k, 32, 22);
   expect_error("cu_seqlens_k(0) = 1 but must be 0", p.cu_q, to_device({1, 12, 17, 39}), 22, 22);
-  expect_error("cu_seqlens_q(3) = 31 but q holds 32 tokens", to_device({0, 10, 10, 31}), p.cu_k, 22, 22);
-  expect_error("cu_seqlens_k(3) = 40 but k holds 39 tokens", p.cu_q, to_device({0, 12, 17, 40}), 22, 23);
+  expect_error("cu_seqlens_q(3) = 31 but 32 tokens are in q", to_device({0, 10, 10, 31}), p.cu_k, 22, 22);
+  expect_error("cu_seqlens_k(3) = 40 but 39 tokens are in k", p.cu_q, to_device({0, 12, 17, 40}), 22, 23);
   expect_error("cu_seqlens_k.extent(0) = 3 but cu_seqlens_q.extent(0) = 4", p.cu_q, to_device({0, 17, 39}), 22, 22);
   expect_error("max_seqlen_q = 21 but sequence 2 has 22 tokens", p.cu_q, p.cu_k, 21, 22);
   expect_error("max_seqlen_k = -1", p.cu_q, p.cu_k, 22, -1);

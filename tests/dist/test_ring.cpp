@@ -419,3 +419,127 @@ TEST(RingMergeOp, AllreduceOfPartialsEqualsFullAttention) {
   EXPECT_TRUE(close_frobenius(got_o, oref, 1e-12));
   EXPECT_TRUE(close_lse(got_l, want_l, 1e-12));
 }
+
+// ---- Packed variable-length sequences over the ring ----
+namespace {
+template <class T>
+using Packed3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T>
+Packed3<T> p3(const Tensor<T>& x) {
+  return Packed3<T>(x.data(), x.extent(1), x.extent(2), x.extent(3));
+}
+Kokkos::View<int*, Mem> cu_of(const std::vector<int>& len) {
+  Kokkos::View<int*, Mem> d("cu_seqlens", len.size() + 1);
+  auto h = Kokkos::create_mirror_view(d);
+  h(0) = 0;
+  for (size_t s = 0; s < len.size(); ++s) h(s + 1) = h(s) + len[s];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+template <class V>
+std::vector<double> doubles2(const V& x) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  std::vector<double> out;
+  for (size_t a = 0; a < x.extent(0); ++a)
+    for (size_t b = 0; b < x.extent(1); ++b) out.push_back(static_cast<double>(h(a, b)));
+  return out;
+}
+
+// The ring over the packed stream against attention_forward_varlen / attention_backward_varlen on the whole
+// stream on one rank (same element type), every rank checking its own shard.
+template <class T>
+void check_ring_varlen(Layout layout, const std::vector<int>& lq, const std::vector<int>& lk, int hq, int hkv,
+                       const RefOptions& ro) {
+  const int p = world_size(), r = world_rank();
+  const std::uint64_t seed = shared_seed();
+  const int d = 64;
+  int tq = 0, tk = 0, mq = 0, mk = 0;
+  for (size_t s = 0; s < lq.size(); ++s) tq += lq[s], tk += lk[s], mq = std::max(mq, lq[s]), mk = std::max(mk, lk[s]);
+  SCOPED_TRACE(describe(Shape{1, tq, tk, hq, hkv, d}, ro, seed) + " varlen, " + std::to_string(lq.size()) +
+               " sequences, layout " + kfa::dist::to_string(layout) + " P " + std::to_string(p));
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", 1, tq, hq, d), k("k", 1, tk, hkv, d), v("v", 1, tk, hkv, d), d_o("do", 1, tq, hq, d);
+  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
+  const auto cu_q = cu_of(lq), cu_k = cu_of(lk);
+  const kfa::AttentionOptions opts = to_kfa(ro);
+  // one rank, whole stream
+  Tensor<T> o1("o1", 1, tq, hq, d), dq1("dq1", 1, tq, hq, d), dk1("dk1", 1, tk, hkv, d), dv1("dv1", 1, tk, hkv, d);
+  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse1("lse1", hq, tq);
+  kfa::attention_forward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), lse1, cu_q, cu_k, mq, mk, opts);
+  kfa::attention_backward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), p3(d_o), lse1, p3(dq1), p3(dk1), p3(dv1), cu_q,
+                                 cu_k, mq, mk, opts);
+  Exec().fence();
+  // the ring, each rank its shards
+  const auto qs = kfa::dist::shard_of(layout, tq, p, r), ks = kfa::dist::shard_of(layout, tk, p, r);
+  const auto ql = shard(q, qs), dol = shard(d_o, qs), kl = shard(k, ks), vl = shard(v, ks);
+  const long nq = ql.extent(1), nk = kl.extent(1);
+  Tensor<T> o("o", 1, nq, hq, d), dq("dq", 1, nq, hq, d), dk("dk", 1, nk, hkv, d), dv("dv", 1, nk, hkv, d);
+  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse("lse", hq, nq);
+  poison(o), poison(lse), poison(dq), poison(dk), poison(dv);
+  kfa::dist::Ring ring(MPI_COMM_WORLD, layout);
+  kfa::dist::ring_attention_forward_varlen(Exec(), ring, p3(ql), p3(kl), p3(vl), p3(o), lse, cu_q, cu_k, mq, mk, opts);
+  kfa::dist::ring_attention_backward_varlen(Exec(), ring, p3(ql), p3(kl), p3(vl), p3(o), p3(dol), lse, p3(dq), p3(dk),
+                                            p3(dv), cu_q, cu_k, mq, mk, opts);
+  Exec().fence();
+  const Shape sq{1, tq, tk, hq, hkv, d};
+  const double tol = tolerance<T>();
+  EXPECT_TRUE(close_frobenius(to_doubles4(o), take_rows4(to_doubles4(o1), sq, hq, tq, qs), tol)) << "o";
+  // lse [heads, total]: the shard's rows of every head
+  const auto l1 = doubles2(lse1);
+  std::vector<double> lwant;
+  for (int h = 0; h < hq; ++h)
+    for (const auto& sg : qs)
+      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i) lwant.push_back(l1[size_t(h) * tq + i]);
+  EXPECT_TRUE(close_lse(doubles2(lse), lwant, tol)) << "lse";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dq), take_rows4(to_doubles4(dq1), sq, hq, tq, qs), tol)) << "dq";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dk), take_rows4(to_doubles4(dk1), sq, hkv, tk, ks), tol)) << "dk";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dv), take_rows4(to_doubles4(dv1), sq, hkv, tk, ks), tol)) << "dv";
+}
+}  // namespace
+
+TYPED_TEST(Ring, VariableLengthSequences) {
+  const std::vector<int> lens = {37, 0, 150, 5, 91, 1, 60, 130};
+  RefOptions causal;
+  causal.causal = true;
+  RefOptions sliding;
+  sliding.causal = true, sliding.window_left = 20;
+  for (Layout layout : {Layout::contiguous, Layout::zigzag}) {
+    check_ring_varlen<TypeParam>(layout, lens, lens, 2, 2, RefOptions{});
+    check_ring_varlen<TypeParam>(layout, lens, lens, 4, 2, causal);
+    check_ring_varlen<TypeParam>(layout, lens, lens, 2, 1, sliding);
+  }
+  // Query and key lengths that differ per sequence (bottom-right causal in each).
+  const std::vector<int> lq = {20, 90, 0, 33, 64}, lk = {45, 30, 12, 33, 100};
+  check_ring_varlen<TypeParam>(Layout::zigzag, lq, lk, 2, 2, causal);
+}
+
+TEST(RingErrors, VariableLengthDocumentsMustAgree) {
+  const int p = world_size(), r = world_rank();
+  const std::vector<int> lens = {10, 30, 24};
+  Tensor<float> q("q", 1, 64, 2, 64);
+  std::mt19937_64 rng(shared_seed());
+  fill_random(q, rng);
+  const auto segs = kfa::dist::shard_of(Layout::contiguous, 64, p, r);
+  const auto ql = shard(q, segs);
+  Tensor<float> o("o", 1, ql.extent(1), 2, 64);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> lse("lse", 2, ql.extent(1));
+  kfa::dist::Ring ring(MPI_COMM_WORLD);
+  // the last rank's cu_seqlens differ: every rank refuses with the same message
+  const auto cu = cu_of(r == p - 1 && p > 1 ? std::vector<int>{12, 28, 24} : lens);
+  try {
+    kfa::dist::ring_attention_forward_varlen(Exec(), ring, p3(ql), p3(ql), p3(ql), p3(o), lse, cu, cu, 30, 30);
+    if (p > 1) ADD_FAILURE() << "no error for cu_seqlens that differ across ranks";
+  } catch (const kfa::Error& e) {
+    EXPECT_GT(p, 1) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens_q and cu_seqlens_k differs across ranks"), std::string::npos)
+        << e.what();
+  }
+  // a total that disagrees with the shards, on every rank
+  try {
+    kfa::dist::ring_attention_forward_varlen(Exec(), ring, p3(ql), p3(ql), p3(ql), p3(o), lse, cu_of({10, 30}),
+                                             cu_of({10, 30}), 30, 30);
+    ADD_FAILURE() << "no error for 40 tokens in cu_seqlens against 64 in the shards";
+  } catch (const kfa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens_q(2) = 40 but 64 tokens are in the ranks' q shards"), std::string::npos) << e.what();
+  }
+}

@@ -33,8 +33,10 @@ struct Positions {
 /// seq_k − seq_q (bottom-right alignment) and left/right < 0 mean unbounded. Causal is right = 0.
 /// For a block of a longer sequence, i and j stay local and the block's global positions fold into
 /// offset = (k_total − q_total) + q_begin − k_begin.
-/// With documents (varlen), i and j index the packed sequence and the same rule holds inside each
-/// document, on the document's own positions and lengths (bottom-right alignment per document). Every
+/// With documents (varlen), the same rule holds inside each document, on the document's own positions and
+/// lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
+/// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
+/// ring shard's segment otherwise). Every
 /// kernel family asks only the functions below which keys a row, a block of rows or a key sees, so this is
 /// the one place variable-length batches reach the kernels: each row's visible keys stay one range, and the
 /// ranges' ends grow with the row across documents too, so a block's key range is its first row's first key
@@ -45,6 +47,7 @@ struct KeyMask {
   long left = -1;
   long right = -1;
   Documents docs;
+  long q_begin = 0, k_begin = 0;  // with documents: the block's place in the packed sequence
 
   KeyMask() = default;
   KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right)
@@ -57,6 +60,7 @@ struct KeyMask {
     const long k_total = p.k_total < 0 ? seq_k_ : p.k_total;
     offset = (k_total - q_total) + p.q_begin - p.k_begin;
     docs = p.docs;
+    q_begin = p.q_begin, k_begin = p.k_begin;
   }
 
   /// The document holding packed position x of prefix sums cu (the last s < docs.count with cu[s] <= x:
@@ -84,11 +88,13 @@ struct KeyMask {
       if (last > seq_k - 1) last = seq_k - 1;
       return;
     }
-    const int s = document_of(docs.cu_q, i);
+    const int s = document_of(docs.cu_q, q_begin + i);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nk = docs.cu_k[s + 1] - k0, off = nk - (docs.cu_q[s + 1] - q0), li = i - q0;
-    first = k0 + (left < 0 ? 0 : clamp(li + off - left, 0, nk));
-    last = k0 + (right < 0 ? nk - 1 : clamp(li + off + right, -1, nk - 1));
+    const long nk = docs.cu_k[s + 1] - k0, off = nk - (docs.cu_q[s + 1] - q0), li = q_begin + i - q0;
+    first = k0 - k_begin + (left < 0 ? 0 : clamp(li + off - left, 0, nk));
+    last = k0 - k_begin + (right < 0 ? nk - 1 : clamp(li + off + right, -1, nk - 1));
+    if (first < 0) first = 0;  // keys before or after this block's
+    if (last > seq_k - 1) last = seq_k - 1;
   }
   /// The query rows that see key j as one range [first, last] (empty when first > last).
   KOKKOS_INLINE_FUNCTION void seen_by(long j, long seq_q, long& first, long& last) const {
@@ -99,11 +105,13 @@ struct KeyMask {
       if (last > seq_q - 1) last = seq_q - 1;
       return;
     }
-    const int s = document_of(docs.cu_k, j);
+    const int s = document_of(docs.cu_k, k_begin + j);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nq = docs.cu_q[s + 1] - q0, off = (docs.cu_k[s + 1] - k0) - nq, lj = j - k0;
-    first = q0 + (right < 0 ? 0 : clamp(lj - off - right, 0, nq));
-    last = q0 + (left < 0 ? nq - 1 : clamp(lj - off + left, -1, nq - 1));
+    const long nq = docs.cu_q[s + 1] - q0, off = (docs.cu_k[s + 1] - k0) - nq, lj = k_begin + j - k0;
+    first = q0 - q_begin + (right < 0 ? 0 : clamp(lj - off - right, 0, nq));
+    last = q0 - q_begin + (left < 0 ? nq - 1 : clamp(lj - off + left, -1, nq - 1));
+    if (first < 0) first = 0;  // queries before or after this block's
+    if (last > seq_q - 1) last = seq_q - 1;
   }
   KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
     if (docs.count == 0)
@@ -157,9 +165,10 @@ struct KeyMask {
     if (docs.count == 0)
       return j_end <= seq_k && (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
              (right < 0 || j_end - 1 <= i_begin + offset + right);
-    const int s = document_of(docs.cu_q, i_begin);
-    const long q0 = docs.cu_q[s], k0 = docs.cu_k[s], q1 = docs.cu_q[s + 1], k1 = docs.cu_k[s + 1];
-    if (i_end > q1 || j_begin < k0 || j_end > k1) return false;  // rows or keys of another document
+    const int s = document_of(docs.cu_q, q_begin + i_begin);
+    const long q0 = docs.cu_q[s] - q_begin, k0 = docs.cu_k[s] - k_begin;
+    const long q1 = docs.cu_q[s + 1] - q_begin, k1 = docs.cu_k[s + 1] - k_begin;
+    if (i_end > q1 || j_begin < k0 || j_end > k1 || j_end > seq_k) return false;  // another document's rows or keys
     const long off = (k1 - k0) - (q1 - q0);
     return (left < 0 || j_begin - k0 >= (i_end - 1 - q0) + off - left) &&
            (right < 0 || j_end - 1 - k0 <= (i_begin - q0) + off + right);

@@ -10,5 +10,6 @@
 #include <kfa/distributed/ring/forward.hpp>
 #include <kfa/distributed/ring/steps.hpp>
 #include <kfa/distributed/ring/transport.hpp>
+#include <kfa/distributed/ring/varlen.hpp>
 #include <kfa/mpi/agreement.hpp>
 #include <kfa/mpi/shard.hpp>

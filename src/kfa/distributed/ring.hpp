@@ -25,9 +25,11 @@
 ///   ring/transport.hpp     one transfer per step: MPI in chunks, NCCL, host staging
 ///   ring/forward.hpp       ring_attention_forward
 ///   ring/backward.hpp      ring_attention_backward
+///   ring/varlen.hpp        ring_attention_forward_varlen, ring_attention_backward_varlen (packed sequences)
 #include <kfa/distributed/ring/backward.hpp>
 #include <kfa/distributed/ring/buffers.hpp>
 #include <kfa/distributed/ring/communicator.hpp>
 #include <kfa/distributed/ring/forward.hpp>
 #include <kfa/distributed/ring/steps.hpp>
 #include <kfa/distributed/ring/transport.hpp>
+#include <kfa/distributed/ring/varlen.hpp>

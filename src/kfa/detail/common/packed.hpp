@@ -99,7 +99,7 @@ void check_packed_lse(const char* fn, const LV& lse, const QV& q) {
 /// kernels: pointers into the caller's Views, which must live until the call's kernels finish.
 template <class CQ, class CK>
 Documents check_cu_seqlens(const char* fn, const CQ& cu_q, const CK& cu_k, std::size_t total_q, std::size_t total_k,
-                           long max_seqlen_q, long max_seqlen_k) {
+                           long max_seqlen_q, long max_seqlen_k, const char* q_what = "q", const char* k_what = "k") {
   if (cu_q.extent(0) == 0) fail(fn, ": cu_seqlens_q is empty (it has batch + 1 entries, the first 0)");
   if (cu_k.extent(0) != cu_q.extent(0))
     fail(fn, ": cu_seqlens_k.extent(0) = ", cu_k.extent(0), " but cu_seqlens_q.extent(0) = ", cu_q.extent(0),
@@ -126,13 +126,12 @@ Documents check_cu_seqlens(const char* fn, const CQ& cu_q, const CK& cu_k, std::
       if (len > longest) longest = len, at = s;
     }
     if (static_cast<std::size_t>(cu(batch)) != total)
-      fail(fn, ": ", name, "(", batch, ") = ", cu(batch), " but ", tensor, " holds ", total, " tokens (", tensor,
-           ".extent(0))");
+      fail(fn, ": ", name, "(", batch, ") = ", cu(batch), " but ", total, " tokens are in ", tensor);
     if (longest > max_len)
       fail(fn, ": ", max_name, " = ", max_len, " but sequence ", at, " has ", longest, " tokens (", name, ")");
   };
-  check("cu_seqlens_q", hq, total_q, "q", max_seqlen_q, "max_seqlen_q");
-  check("cu_seqlens_k", hk, total_k, "k", max_seqlen_k, "max_seqlen_k");
+  check("cu_seqlens_q", hq, total_q, q_what, max_seqlen_q, "max_seqlen_q");
+  check("cu_seqlens_k", hk, total_k, k_what, max_seqlen_k, "max_seqlen_k");
   return Documents{cu_q.data(), cu_k.data(), static_cast<int>(batch)};
 }
 

@@ -22,17 +22,14 @@
 namespace kfa {
 namespace dist {
 
-/// Ring attention backward: every rank passes its shards of q, k, v, the ring forward's o and lse, and
-/// d_o, and gets its shards of dq, dk, dv. dQ stays local; the dK/dV accumulators travel with K/V and come
-/// home after P steps. Deterministic for a fixed rank count and layout. Collective over ring.comm().
+namespace detail {
+
+/// ring_attention_backward after its checks, on the agreed shard map (and documents, as ring_forward).
 template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
-void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV& q, const KV& k, const VV& v,
-                             const OV& o, const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
-                             const AttentionOptions& opts = {}, RingStats* stats = nullptr) {
-  kfa::detail::static_check_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV>();
-  constexpr const char* fn = "kfa::dist::ring_attention_backward";
-  detail::collective_check(ring, fn, [&] { kfa::detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts); });
-  const ShardMap map = detail::agree_on_shapes(ring, fn, q, k, opts);
+void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, const ShardMap& map,
+                   const RingDocuments& docs, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,
+                   const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts,
+                   RingStats* stats) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using Mem = typename ExecSpace::memory_space;
@@ -48,7 +45,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   if (p == 1) {  // the whole sequence is here: one kernel call, straight into dq, dk, dv, nothing sent
     detail::single_rank(space, ring, fn, stats, t_begin, [&] {
       kfa::detail::backward_impl(fn, space, q, k, v, o, d_o, lse, dq, dk, dv, opts,
-                                 kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1))});
+                                 kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1)), docs.device});
     });
     return;
   }
@@ -64,7 +61,7 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   using Kv = detail::KvBuffer<T, Mem>;
   using KvAcc = detail::KvBuffer<Acc, Mem>;
   using Part = Kokkos::View<Acc****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>;
-  const int last = detail::last_needed_step(map, opts, p);
+  const int last = detail::last_needed_step(map, opts, docs.host(), p);
   long qseg_max = 0, kseg_max = 0;  // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) qseg_max = std::max(qseg_max, qs.length);
   for (int r = 0; r < p; ++r)
@@ -115,7 +112,8 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
       for (const Segment& qs : map.q_segments(me))
         for (const Segment& ks : map.k_segments(owner)) {
           kfa::detail::Positions pos;
-          if (!detail::block_visible(qs, ks, map, opts, pos)) continue;
+          if (!detail::block_visible(qs, ks, map, opts, docs.host(), pos)) continue;
+          pos.docs = docs.device;
           const Segment qpart{qs.global_begin, qs.length, 0}, kpart{ks.global_begin, ks.length, 0};
           const auto dqp = detail::seq_slice(dq_part, qpart);
           const auto dkp = detail::seq_slice(dk_part, kpart), dvp = detail::seq_slice(dv_part, kpart);
@@ -180,6 +178,22 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   detail::copy_into(space, dv, acc_a->tile(map.k_length(me), 1), "kfa::dist::ring_backward::store_dv");
   space.fence();
   if (timed) stats->total_s = detail::stamp(space, true) - t_begin;
+}
+
+}  // namespace detail
+
+/// Ring attention backward: every rank passes its shards of q, k, v, the ring forward's o and lse, and
+/// d_o, and gets its shards of dq, dk, dv. dQ stays local; the dK/dV accumulators travel with K/V and come
+/// home after P steps. Deterministic for a fixed rank count and layout. Collective over ring.comm().
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
+void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV& q, const KV& k, const VV& v,
+                             const OV& o, const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
+                             const AttentionOptions& opts = {}, RingStats* stats = nullptr) {
+  kfa::detail::static_check_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV>();
+  constexpr const char* fn = "kfa::dist::ring_attention_backward";
+  detail::collective_check(ring, fn, [&] { kfa::detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts); });
+  const ShardMap map = detail::agree_on_shapes(ring, fn, q, k, opts);
+  detail::ring_backward(fn, space, ring, map, detail::RingDocuments{}, q, k, v, o, d_o, lse, dq, dk, dv, opts, stats);
 }
 
 }  // namespace dist

@@ -147,10 +147,19 @@ void single_rank(const ExecSpace& space, const Ring& ring, const char* fn, RingS
   }
 }
 
-/// Positions of a (query segment, key segment) block, and whether any query of it sees any key.
+/// The documents of a variable-length ring call: cu_seqlens over the whole packed sequence (the same on every
+/// rank), on the host for the ring's own decisions and where the kernels read them. count = 0: one sequence.
+struct RingDocuments {
+  std::vector<int> cu_q, cu_k;
+  kfa::detail::Documents device;
+  kfa::detail::Documents host() const { return {cu_q.data(), cu_k.data(), device.count}; }
+};
+
+/// Positions of a (query segment, key segment) block (with `docs`, host-side), and whether any query of it may
+/// see any key (exact for one sequence; with documents, false only where no document has both).
 inline bool block_visible(const Segment& qs, const Segment& ks, const ShardMap& map, const AttentionOptions& opts,
-                          kfa::detail::Positions& pos) {
-  pos = {qs.global_begin, ks.global_begin, map.q_total(), map.k_total()};
+                          const kfa::detail::Documents& docs, kfa::detail::Positions& pos) {
+  pos = {qs.global_begin, ks.global_begin, map.q_total(), map.k_total(), docs};
   if (qs.length == 0 || ks.length == 0) return false;
   const kfa::detail::KeyMask mask(qs.length, ks.length, pos, opts.causal, opts.window_left, opts.window_right);
   return mask.key_begin(0) < mask.key_end(qs.length);
@@ -159,14 +168,15 @@ inline bool block_visible(const Segment& qs, const Segment& ks, const ShardMap& 
 /// The last ring step at which any rank sees any key of the shard visiting it. Beyond it (a sliding window
 /// shorter than the ring, say) every block is masked, so the ring stops there and exchanges nothing more.
 /// Every rank computes the same answer from the shared shard map, without communicating.
-inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, int p) {
+inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, const kfa::detail::Documents& docs,
+                            int p) {
   int last = 0;
   for (int s = 1; s < p; ++s)
     for (int r = 0; r < p && last < s; ++r)
       for (const Segment& qs : map.q_segments(r))
         for (const Segment& ks : map.k_segments((r - s + p) % p)) {
           kfa::detail::Positions pos;
-          if (block_visible(qs, ks, map, opts, pos)) last = s;
+          if (block_visible(qs, ks, map, opts, docs, pos)) last = s;
         }
   return last;
 }
