@@ -48,6 +48,9 @@ struct KeyMask {
   long right = -1;
   Documents docs;
   long q_begin = 0, k_begin = 0;  // with documents: the block's place in the packed sequence
+  // Without documents: keys below key_lo and queries outside [q_lo, q_hi) are nobody's (for_rows / for_keys
+  // set them to one document's; q_hi < 0: seq_q).
+  long key_lo = 0, q_lo = 0, q_hi = -1;
 
   KeyMask() = default;
   KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right)
@@ -78,12 +81,40 @@ struct KeyMask {
   }
   KOKKOS_INLINE_FUNCTION static long clamp(long x, long lo, long hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
+  /// The mask a kernel applies to the rows [i_begin, i_end) of its block (query-block kernels call it once per
+  /// block): where they lie in one document, the same mask without documents, bounded to that document's keys
+  /// (so its tiles cost what a fixed-length call's do); otherwise, and without documents, this one.
+  KOKKOS_INLINE_FUNCTION KeyMask for_rows(long i_begin, long i_end) const {
+    if (docs.count == 0 || i_end <= i_begin) return *this;
+    const int s = document_of(docs.cu_q, q_begin + i_begin);
+    return docs.cu_q[s + 1] - q_begin >= i_end ? in_document(s) : *this;
+  }
+  /// The mask a key-block kernel applies to the keys [j_begin, j_end) of its block, as for_rows.
+  KOKKOS_INLINE_FUNCTION KeyMask for_keys(long j_begin, long j_end) const {
+    if (docs.count == 0 || j_end <= j_begin) return *this;
+    const int s = document_of(docs.cu_k, k_begin + j_begin);
+    return docs.cu_k[s + 1] - k_begin >= j_end ? in_document(s) : *this;
+  }
+  /// Document s's rule without documents, in this block's coordinates.
+  KOKKOS_INLINE_FUNCTION KeyMask in_document(int s) const {
+    const long q0 = docs.cu_q[s] - q_begin, q1 = docs.cu_q[s + 1] - q_begin;
+    const long k0 = docs.cu_k[s] - k_begin, k1 = docs.cu_k[s + 1] - k_begin;
+    KeyMask m;
+    m.left = left, m.right = right;
+    m.offset = k0 - q0 + ((k1 - k0) - (q1 - q0));  // bottom-right alignment in the document
+    m.seq_k = k1 < seq_k ? k1 : seq_k;
+    m.key_lo = k0 > 0 ? k0 : 0;
+    m.q_lo = q0 > 0 ? q0 : 0;
+    m.q_hi = q1 > 0 ? q1 : 0;
+    return m;
+  }
+
   /// The keys row i sees as one range [first, last] (empty when first > last): visible(i, j) is
   /// first <= j <= last. Kernels test a whole row of a tile against it.
   KOKKOS_INLINE_FUNCTION void visible_range(long i, long& first, long& last) const {
     if (docs.count == 0) {
-      first = left < 0 ? 0 : i + offset - left;
-      if (first < 0) first = 0;
+      first = left < 0 ? key_lo : i + offset - left;
+      if (first < key_lo) first = key_lo;
       last = right < 0 ? seq_k - 1 : i + offset + right;
       if (last > seq_k - 1) last = seq_k - 1;
       return;
@@ -99,10 +130,11 @@ struct KeyMask {
   /// The query rows that see key j as one range [first, last] (empty when first > last).
   KOKKOS_INLINE_FUNCTION void seen_by(long j, long seq_q, long& first, long& last) const {
     if (docs.count == 0) {
-      first = right < 0 ? 0 : j - offset - right;
-      if (first < 0) first = 0;
-      last = left < 0 ? seq_q - 1 : j + left - offset;
-      if (last > seq_q - 1) last = seq_q - 1;
+      const long hi = q_hi >= 0 && q_hi < seq_q ? q_hi : seq_q;
+      first = right < 0 ? q_lo : j - offset - right;
+      if (first < q_lo) first = q_lo;
+      last = left < 0 ? hi - 1 : j + left - offset;
+      if (last > hi - 1) last = hi - 1;
       return;
     }
     const int s = document_of(docs.cu_k, k_begin + j);
@@ -115,7 +147,7 @@ struct KeyMask {
   }
   KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
     if (docs.count == 0)
-      return j >= 0 && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
+      return j >= key_lo && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
     long first, last;
     visible_range(i, first, last);
     return j >= first && j <= last;
@@ -123,8 +155,8 @@ struct KeyMask {
   /// First key any of rows [i_begin, i_end) can see (may be ≥ the returned end: nothing visible).
   KOKKOS_INLINE_FUNCTION long key_begin(long i_begin) const {
     if (docs.count == 0) {
-      const long b = left < 0 ? 0 : i_begin + offset - left;
-      return b < 0 ? 0 : b;
+      const long b = left < 0 ? key_lo : i_begin + offset - left;
+      return b < key_lo ? key_lo : b;
     }
     long first, last;
     visible_range(i_begin, first, last);
@@ -143,8 +175,8 @@ struct KeyMask {
   /// First query row that sees any key of [j_begin, j_end) (clamped to 0).
   KOKKOS_INLINE_FUNCTION long query_begin(long j_begin) const {
     if (docs.count == 0) {
-      const long b = right < 0 ? 0 : j_begin - offset - right;
-      return b < 0 ? 0 : b;
+      const long b = right < 0 ? q_lo : j_begin - offset - right;
+      return b < q_lo ? q_lo : b;
     }
     long first, last;
     seen_by(j_begin, 0, first, last);
@@ -153,8 +185,9 @@ struct KeyMask {
   /// One past the last query row that sees any key of [j_begin, j_end), clamped to seq_q.
   KOKKOS_INLINE_FUNCTION long query_end(long j_end, long seq_q) const {
     if (docs.count == 0) {
-      const long e = left < 0 ? seq_q : (j_end - 1) + left - offset + 1;
-      return e > seq_q ? seq_q : e;
+      const long hi = q_hi >= 0 && q_hi < seq_q ? q_hi : seq_q;
+      const long e = left < 0 ? hi : (j_end - 1) + left - offset + 1;
+      return e > hi ? hi : e;
     }
     long first, last;
     seen_by(j_end - 1, seq_q, first, last);
@@ -163,7 +196,8 @@ struct KeyMask {
   /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
   KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
     if (docs.count == 0)
-      return j_end <= seq_k && (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
+      return j_end <= seq_k && j_begin >= key_lo && i_begin >= q_lo && (q_hi < 0 || i_end <= q_hi) &&
+             (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
              (right < 0 || j_end - 1 <= i_begin + offset + right);
     const int s = document_of(docs.cu_q, q_begin + i_begin);
     const long q0 = docs.cu_q[s] - q_begin, k0 = docs.cu_k[s] - k_begin;

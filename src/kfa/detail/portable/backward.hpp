@@ -83,6 +83,7 @@ struct DkDvKernel {
     const int d = head_dim;
     const int j0 = kb * bk;
     const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
+    const KeyMask mask = this->mask.for_keys(j0, j0 + cols);  // one document's rule where the block has one
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
@@ -125,7 +126,7 @@ struct DkDvKernel {
         const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
           with_host_isa([&](auto isa) KFA_SIMD_BODY {
-            score_to_ds(isa, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+            score_to_ds(isa, mask, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
           });
         });
         team.team_barrier();
@@ -144,8 +145,8 @@ struct DkDvKernel {
 
   /// One query row of a tile: S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
   template <class Tag>
-  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, Acc* srow, Acc* dprow, Acc l, Acc dval, long i, long j0,
-                                               int cols, bool need_mask) const {
+  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, const KeyMask& mask, Acc* srow, Acc* dprow, Acc l, Acc dval,
+                                               long i, long j0, int cols, bool need_mask) const {
     long first = 0, last = cols - 1;  // the row's visible keys, as tile columns
     if (need_mask) {
       mask.visible_range(i, first, last);
@@ -239,6 +240,7 @@ struct DqKernel {
     const int d = head_dim;
     const int i0 = qb * bq;
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
+    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);

@@ -71,6 +71,7 @@ struct ForwardKernel {
     const int d = head_dim;
     const int i0 = qb * bq;
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
+    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
     ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);

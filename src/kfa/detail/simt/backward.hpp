@@ -266,6 +266,7 @@ struct SimtDkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dkdv_scratch)));
     const std::uint32_t sbase = smem_addr(smem);
@@ -410,6 +411,7 @@ struct SimtDqKernel {
     const int grp = tid / H, part = tid % H;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
     const std::uint32_t sbase = smem_addr(smem);

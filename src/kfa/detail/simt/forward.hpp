@@ -97,6 +97,7 @@ struct SimtForwardKernel {
     const int grp = tid / H, part = tid % H;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
     int row[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row[r] = i0 + grp + r * (BQ / R);

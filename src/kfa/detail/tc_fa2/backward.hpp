@@ -131,6 +131,7 @@ struct TcFa2DkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
     // V, K, two stages of (Q, dO), then P and dS.
     const std::uint32_t vs = tc::smem_addr(smem), ks = vs + BK * P * 2;

@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
-  const KeyMask& mask = a.mask;
+  const int wr0 = i0 + warp * 16 * MT;                  // this warp's first query row
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   const std::uint32_t qs = tc::smem_addr(fa2_dq_smem), dos = qs + BQ * P * 2;
   const std::uint32_t ks0 = dos + BQ * P * 2;  // stage s: K at ks0 + s·2·BK·P·2, V right after it

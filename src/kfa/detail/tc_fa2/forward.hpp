@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
-  const KeyMask& mask = a.mask;
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   const std::uint32_t qs = tc::smem_addr(fa2_smem);
   const std::uint32_t ks0 = qs + BQ * P * 2;  // stage s: K at ks0 + s·2·BC·P·2, V right after it

@@ -129,7 +129,8 @@ struct TcDkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
-    const int wk0 = k0 + warp * 16;  // this warp's first key
+    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
+    const int wk0 = k0 + warp * 16;                           // this warp's first key
 
     // V, K, then stage st at smem + 2·BK·P·2 + st·dkdv_stage: Q tile, dO tile, lse[BQ], D[BQ]; then
     // (FuseDq) dSᵀ [BK][DSP].
@@ -484,6 +485,7 @@ struct TcDqKernel {
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
     const int wr0 = i0 + warp * 16;
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));

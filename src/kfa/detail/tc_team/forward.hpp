@@ -76,7 +76,8 @@ struct TcForwardKernel {
     const int g = lane >> 2, t4 = lane & 3;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-    const int wr0 = i0 + warp * 16;  // this warp's first query row
+    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
+    const int wr0 = i0 + warp * 16;                           // this warp's first query row
     const float ninf = -compat::infinity<float>();
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::scratch_l0)));

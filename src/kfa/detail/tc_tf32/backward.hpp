@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
   const int b = lr / (a.n_kblocks * a.heads_kv);
   const int k0 = kb * BK;
   const int keys = (a.seq_k - k0) < BK ? (a.seq_k - k0) : BK;
-  const KeyMask& mask = a.mask;
+  const KeyMask mask = a.mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
   // K, V, two stages of (Q, dO), then Pᵀ·softcap' per pair in C-fragment order.
   const std::uint32_t ks = tc::smem_addr(tf32_dkdv_smem), vs = ks + BK * P * 4, stage0 = vs + BK * P * 4;
@@ -266,8 +266,8 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 16;  // this warp's first query row
-  const KeyMask& mask = a.mask;
+  const int wr0 = i0 + warp * 16;                       // this warp's first query row
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // Q, dO, then two stages of (K, V).
   const std::uint32_t qs = tc::smem_addr(tf32_dq_smem), dos = qs + BQ * P * 4, ks0 = dos + BQ * P * 4;

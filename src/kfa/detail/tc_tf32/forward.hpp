@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
-  const KeyMask& mask = a.mask;
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // The arguments carry the views' data as 16-bit pointers (Fa2QkvArgs) and strides in floats.
   const float* qg = reinterpret_cast<const float*>(a.q);

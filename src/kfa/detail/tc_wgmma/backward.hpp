@@ -158,6 +158,7 @@ struct TcWgmmaDkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
     // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, then [stage][lse | D] rows. Tiles start at a
     // multiple of 1024 B: the swizzle is a function of the address bits.
@@ -422,7 +423,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const KeyMask& mask = a.mask;
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // Q, dO, then stage s's K at ks0 + s·2·BC·D·2 and V right after it, each at a multiple of 1024 B; barriers.
   const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * D * 2;

@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
-  const KeyMask& mask = a.mask;
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // Tiles start at a multiple of 1024 B: the swizzle is a function of the address bits.
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const float ninf = -compat::infinity<float>();
-  const KeyMask& mask = a.mask;
+  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
   const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
