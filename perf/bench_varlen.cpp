@@ -83,7 +83,8 @@ Timing time_varlen(const Args& a, const std::vector<int>& len, const kfa::Attent
   for (std::size_t s = 0; s < cu.size(); ++s) cu_h(s) = cu[s];
   Kokkos::deep_copy(cu_d, cu_h);
   V3 q("q", total, heads, a.d), k("k", total, heads, a.d), v("v", total, heads, a.d), o("o", total, heads, a.d),
-      d_o("do", total, heads, a.d), dq("dq", total, heads, a.d), dk("dk", total, heads, a.d), dv("dv", total, heads, a.d);
+      d_o("do", total, heads, a.d), dq("dq", total, heads, a.d), dk("dk", total, heads, a.d),
+      dv("dv", total, heads, a.d);
   Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse("lse", heads, total);
   fill_random(q, a.seed + 1), fill_random(k, a.seed + 2), fill_random(v, a.seed + 3), fill_random(d_o, a.seed + 4);
   auto fwd = [&] { kfa::attention_forward_varlen(Exec(), q, k, v, o, lse, cu_d, cu_d, longest, longest, opts); };
@@ -152,7 +153,8 @@ int run(const Args& a) {
           time_varlen<T>(a, len, opts, heads));
     // The fixed-length call at the same lengths, or at equal FLOPs with the same tokens.
     const int n = equal ? len[0] : std::max(64, static_cast<int>(std::lround(sum_sq / tokens / 64.0)) * 64);
-    const int batch = equal ? static_cast<int>(len.size()) : std::max(1, static_cast<int>(std::lround(double(tokens) / n)));
+    const int batch =
+        equal ? static_cast<int>(len.size()) : std::max(1, static_cast<int>(std::lround(double(tokens) / n)));
     print(equal ? "fixed_same_lengths" : "fixed_equal_flops", a, causal, batch, long(batch) * n, heads,
           4.0 * heads * a.d * double(batch) * n * n * c, time_fixed<T>(a, batch, n, opts, heads));
   }

@@ -65,8 +65,8 @@ struct VarProblem {
   }
   void backward(const kfa::AttentionOptions& opts) {
     poison(dq), poison(dk), poison(dv);
-    kfa::attention_backward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o), p3(d_o), lse, p3(dq), p3(dk), p3(dv), cu_q,
-                                   cu_k, max_q, max_k, opts);
+    kfa::attention_backward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o), p3(d_o), lse, p3(dq), p3(dk), p3(dv), cu_q, cu_k,
+                                   max_q, max_k, opts);
     Exec().fence();
   }
 };
@@ -121,8 +121,8 @@ std::string describe_lengths(const std::vector<int>& lq, const std::vector<int>&
 }
 
 const kfa::TileProductPath every_path[] = {
-    kfa::TileProductPath::automatic,        kfa::TileProductPath::portable,
-    kfa::TileProductPath::tensor_core_team, kfa::TileProductPath::tensor_core_fa2,
+    kfa::TileProductPath::automatic,         kfa::TileProductPath::portable,
+    kfa::TileProductPath::tensor_core_team,  kfa::TileProductPath::tensor_core_fa2,
     kfa::TileProductPath::tensor_core_wgmma, kfa::TileProductPath::simt_fp32,
     kfa::TileProductPath::tensor_core_tf32x3};
 
@@ -142,7 +142,8 @@ void check_varlen(const std::vector<int>& lq, const std::vector<int>& lk, int hq
     opts.path = path;
     std::string family;
     try {
-      family = kfa::to_string(kfa::plan_forward_varlen(Exec(), p.p3(p.q), p.p3(p.k), p.p3(p.v), p.p3(p.o), opts).family);
+      family =
+          kfa::to_string(kfa::plan_forward_varlen(Exec(), p.p3(p.q), p.p3(p.k), p.p3(p.v), p.p3(p.o), opts).family);
       (void)kfa::plan_backward_varlen(Exec(), p.p3(p.q), p.p3(p.k), p.p3(p.v), p.p3(p.d_o), p.p3(p.dq), p.p3(p.dk),
                                       p.p3(p.dv), opts);
     } catch (const kfa::Error&) {
@@ -341,8 +342,8 @@ TEST(VarlenErrors, NameTheArgumentAndLeaveOutputsUntouched) {
     }
     EXPECT_EQ(to_doubles4(p.o), o_before) << "o changed by a refused call";
   };
-  expect_error("cu_seqlens_q decreases: cu_seqlens_q(2) = 5 < cu_seqlens_q(1) = 10", to_device({0, 10, 5, 32}),
-               p.cu_k, 32, 22);
+  expect_error("cu_seqlens_q decreases: cu_seqlens_q(2) = 5 < cu_seqlens_q(1) = 10", to_device({0, 10, 5, 32}), p.cu_k,
+               32, 22);
   expect_error("cu_seqlens_k(0) = 1 but must be 0", p.cu_q, to_device({1, 12, 17, 39}), 22, 22);
   expect_error("cu_seqlens_q(3) = 31 but 32 tokens are in q", to_device({0, 10, 10, 31}), p.cu_k, 22, 22);
   expect_error("cu_seqlens_k(3) = 40 but 39 tokens are in k", p.cu_q, to_device({0, 12, 17, 40}), 22, 23);
@@ -354,8 +355,7 @@ TEST(VarlenErrors, NameTheArgumentAndLeaveOutputsUntouched) {
   // Shapes, named as the caller passed them.
   PackedLse<float> bad_lse("lse", 2, 31);
   try {
-    kfa::attention_forward_varlen(Exec(), p.p3(p.q), p.p3(p.k), p.p3(p.v), p.p3(p.o), bad_lse, p.cu_q, p.cu_k, 22,
-                                  22);
+    kfa::attention_forward_varlen(Exec(), p.p3(p.q), p.p3(p.k), p.p3(p.v), p.p3(p.o), bad_lse, p.cu_q, p.cu_k, 22, 22);
     ADD_FAILURE() << "no error for lse [2, 31]";
   } catch (const kfa::Error& e) {
     EXPECT_NE(std::string(e.what()).find("lse is [2, 31] but must be [heads_q, total_q] = [2, 32]"), std::string::npos)

@@ -540,6 +540,8 @@ TEST(RingErrors, VariableLengthDocumentsMustAgree) {
                                              cu_of({10, 30}), 30, 30);
     ADD_FAILURE() << "no error for 40 tokens in cu_seqlens against 64 in the shards";
   } catch (const kfa::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cu_seqlens_q(2) = 40 but 64 tokens are in the ranks' q shards"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens_q(2) = 40 but 64 tokens are in the ranks' q shards"),
+              std::string::npos)
+        << e.what();
   }
 }

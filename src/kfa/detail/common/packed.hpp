@@ -57,12 +57,13 @@ constexpr void static_check_cu_seqlens() {
 /// dv those of k.
 template <class X, class Like>
 void check_packed_like(const char* fn, const char* name, const X& x, const char* like_name, const Like& like) {
-  static_assert(static_cast<int>(X::rank) == 3, "kfa: the variable-length calls take q, k, v, o and gradients of "
-                                                "rank 3 [total, heads, head_dim]");
+  static_assert(static_cast<int>(X::rank) == 3,
+                "kfa: the variable-length calls take q, k, v, o and gradients of "
+                "rank 3 [total, heads, head_dim]");
   for (unsigned r = 0; r < 3; ++r)
     if (x.extent(r) != like.extent(r))
-      fail(fn, ": ", name, ".extent(", r, ") = ", x.extent(r), " but ", like_name, ".extent(", r, ") = ", like.extent(r),
-           " (", name, " has ", like_name, "'s shape)");
+      fail(fn, ": ", name, ".extent(", r, ") = ", x.extent(r), " but ", like_name, ".extent(", r,
+           ") = ", like.extent(r), " (", name, " has ", like_name, "'s shape)");
 }
 
 /// The packed shapes: q [total_q, heads_q, d], k and v [total_k, heads_kv, d] (and the extents every backend

@@ -66,8 +66,8 @@ void ring_forward(const char* fn, const ExecSpace& space, const Ring& ring, cons
   agreed_allocation(ring, fn, [&] {  // kept by the Ring for its next call (the backward's too)
     cur.reset(new Kv(ring, "kfa::dist::buffer::kv_a", b, map.k_length_max(), hkv, d));
     nxt.reset(new Kv(ring, "kfa::dist::buffer::kv_b", b, map.k_length_max(), hkv, d));
-    ex.reset(new Exchanger<ExecSpace, T>(space, ring, cur->count(map.k_length_max()),
-                                                 "kfa::dist::ring_forward::exchange"));
+    ex.reset(
+        new Exchanger<ExecSpace, T>(space, ring, cur->count(map.k_length_max()), "kfa::dist::ring_forward::exchange"));
     o_acc = kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::acc_q", b, nq, hq, d);
     o_part = kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_q", b, seg_max, hq, d);
     lse_acc = kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::lse_acc", b, hq, nq);
@@ -101,8 +101,8 @@ void ring_forward(const char* fn, const ExecSpace& space, const Ring& ring, cons
           const Segment part{qs.global_begin, qs.length, 0};
           const auto op = seq_slice(o_part, part);
           const auto lp = lse_slice(lse_part, part);
-          kfa::detail::forward_impl(fn, space, seq_slice(q, qs), seq_slice(kt, ks),
-                                    seq_slice(vt, ks), op, lp, opts, pos);
+          kfa::detail::forward_impl(fn, space, seq_slice(q, qs), seq_slice(kt, ks), seq_slice(vt, ks), op, lp, opts,
+                                    pos);
           const double tm0 = stamp(space, fence_blocks);
           kfa::merge_attention(space, seq_slice(o_acc, qs), lse_slice(lse_acc, qs), op, lp);
           merge_s += stamp(space, fence_blocks) - tm0;
