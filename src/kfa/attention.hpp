@@ -98,9 +98,9 @@ ForwardPlan plan_forward_varlen(const ExecSpace& space, const QV& q, const KV& k
   detail::check_packed_like(fn, "o", o, "q", q);
   const auto q4 = detail::with_batch_of_one(q);
   detail::check_qkv_and_options(fn, q4, detail::with_batch_of_one(k), detail::with_batch_of_one(v), opts);
-  return detail::forward_plan(fn, detail::forward_call(fn, space, q4, detail::with_batch_of_one(k),
-                                                       detail::with_batch_of_one(v), detail::with_batch_of_one(o),
-                                                       opts));
+  return detail::forward_plan(
+      fn, detail::forward_call(fn, space, q4, detail::with_batch_of_one(k), detail::with_batch_of_one(v),
+                               detail::with_batch_of_one(o), opts));
 }
 
 /// Exact attention forward over a batch of sequences of different lengths, packed without padding (as
@@ -113,9 +113,9 @@ ForwardPlan plan_forward_varlen(const ExecSpace& space, const QV& q, const KV& k
 /// The arguments are checked before any kernel runs (cu_seqlens with one small copy to the host); then
 /// asynchronous on `space`, and every View, cu_seqlens included, must live until the kernels finish.
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV, class CQ, class CK>
-void attention_forward_varlen(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o,
-                              const LV& lse, const CQ& cu_seqlens_q, const CK& cu_seqlens_k, long max_seqlen_q,
-                              long max_seqlen_k, const AttentionOptions& opts = {}) {
+void attention_forward_varlen(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                              const CQ& cu_seqlens_q, const CK& cu_seqlens_k, long max_seqlen_q, long max_seqlen_k,
+                              const AttentionOptions& opts = {}) {
   constexpr const char* fn = "kfa::attention_forward_varlen";
   detail::static_check_cu_seqlens<ExecSpace, CQ>();
   detail::static_check_cu_seqlens<ExecSpace, CK>();
@@ -130,8 +130,8 @@ void attention_forward_varlen(const ExecSpace& space, const QV& q, const KV& k, 
   detail::static_check_forward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4), decltype(lse3)>();
   detail::check_forward(fn, q4, k4, v4, o4, lse3, opts);
   detail::Positions pos;
-  pos.docs = detail::check_cu_seqlens(fn, cu_seqlens_q, cu_seqlens_k, q.extent(0), k.extent(0), max_seqlen_q,
-                                      max_seqlen_k);
+  pos.docs =
+      detail::check_cu_seqlens(fn, cu_seqlens_q, cu_seqlens_k, q.extent(0), k.extent(0), max_seqlen_q, max_seqlen_k);
   detail::forward_impl(fn, space, q4, k4, v4, o4, lse3, opts, pos);
 }
 
@@ -147,10 +147,10 @@ BackwardPlan plan_backward_varlen(const ExecSpace& space, const QV& q, const KV&
   detail::check_packed_like(fn, "dv", dv, "k", k);
   using detail::with_batch_of_one;
   detail::check_qkv_and_options(fn, with_batch_of_one(q), with_batch_of_one(k), with_batch_of_one(v), opts);
-  return detail::backward_plan(fn, detail::backward_call(fn, space, with_batch_of_one(q), with_batch_of_one(k),
-                                                         with_batch_of_one(v), with_batch_of_one(d_o),
-                                                         with_batch_of_one(dq), with_batch_of_one(dk),
-                                                         with_batch_of_one(dv), opts));
+  return detail::backward_plan(
+      fn, detail::backward_call(fn, space, with_batch_of_one(q), with_batch_of_one(k), with_batch_of_one(v),
+                                with_batch_of_one(d_o), with_batch_of_one(dq), with_batch_of_one(dk),
+                                with_batch_of_one(dv), opts));
 }
 
 /// Exact attention backward of attention_forward_varlen (same packing, cu_seqlens, lengths and options):
@@ -181,8 +181,8 @@ void attention_backward_varlen(const ExecSpace& space, const QV& q, const KV& k,
                                 decltype(lse3), decltype(dq4), decltype(dk4), decltype(dv4)>();
   detail::check_backward(fn, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts);
   detail::Positions pos;
-  pos.docs = detail::check_cu_seqlens(fn, cu_seqlens_q, cu_seqlens_k, q.extent(0), k.extent(0), max_seqlen_q,
-                                      max_seqlen_k);
+  pos.docs =
+      detail::check_cu_seqlens(fn, cu_seqlens_q, cu_seqlens_k, q.extent(0), k.extent(0), max_seqlen_q, max_seqlen_k);
   detail::backward_impl(fn, space, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts, pos);
 }
 
