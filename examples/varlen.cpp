@@ -33,6 +33,10 @@ int main(int argc, char** argv) {
     app.add_flag("--causal", causal, "causal mask in every sequence");
     const int parsed = parse_command_line(app, argc, argv);
     if (parsed >= 0) return parsed;
+    if (heads % kv_heads != 0) {
+      std::fprintf(stderr, "kfa_example_varlen: --heads %d is not a multiple of --kv-heads %d\n", heads, kv_heads);
+      return 2;
+    }
   }
   const bool kokkos_help = kfa_cli::asks_kokkos_help(argc, argv);
   Kokkos::ScopeGuard guard(argc, argv);

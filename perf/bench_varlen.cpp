@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   app.add_option("--causal", a.causals, "0 and/or 1, comma separated")->delimiter(',')->capture_default_str();
   app.add_option("--reps", a.reps, "timed repetitions (median)")->check(positive_int())->capture_default_str();
   app.add_option("--lengths", a.lengths, "sequence lengths, comma separated (else log-normal)")->delimiter(',');
-  app.add_option("--tokens", a.tokens, "log-normal: tokens in all")->capture_default_str();
+  app.add_option("--tokens", a.tokens, "log-normal: tokens in all")->check(positive_int())->capture_default_str();
   app.add_option("--min", a.min_len, "log-normal: shortest")->check(positive_int())->capture_default_str();
   app.add_option("--max", a.max_len, "log-normal: longest")->check(positive_int())->capture_default_str();
   app.add_option("--median", a.median, "log-normal: median length")->check(positive_int())->capture_default_str();
@@ -195,6 +195,6 @@ int main(int argc, char** argv) {
 #if KFA_HAS_HALF
     if (a.dtype == "fp16") return run<kfa::compat::half_t>(a);
 #endif
-    throw std::runtime_error("--dtype " + a.dtype + " is not available in this build");
+    throw kfa::Error("--dtype " + a.dtype + " is not available in this build (bf16, fp16, fp32, fp64)");
   });
 }

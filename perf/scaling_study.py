@@ -16,7 +16,8 @@ Every CSV row comes from ONE run: of the --reps runs of a configuration (interle
 configuration runs before repetition r+1 of any), the row is the run with the median compute time (for an
 even count the faster of the middle two); *_min / *_max columns are the fastest and slowest runs, drawn as
 error bars. tflops = 4 * batch * heads * N^2 * head_dim (x 0.5 causal) / compute_s of that same run (the
-app's own tflops is cross-checked against it). Ratios (speed-up, efficiency) divide the median rows, their
+app's own tflops is cross-checked against it; with --doc-lognormal, a mix of document lengths packed into every
+sequence, the app's own tflops, which counts Σ L² over the documents). Ratios (speed-up, efficiency) divide the median rows, their
 bars the extremes. other_cores_busy: CPU the rest of the machine used during that run (busy CPU seconds from
 /proc/stat less this study's own, per second of wall time): a slow outlier's usual cause on a shared machine.
 
@@ -138,7 +139,8 @@ class Study:
             os.remove(js)
         cmd = self.mpiexec + ["-n", str(p), self.app, "--generate", "--batch", str(a.batch), "--seqlen", str(seq),
                               "--heads", str(a.heads), "--head-dim", str(a.head_dim), "--dtype", a.dtype,
-                              "--layout", layout, "--json", js] + (["--causal"] if causal else [])
+                              "--layout", layout, "--json", js] + (["--causal"] if causal else []) + \
+            (["--doc-lognormal"] + a.doc_lognormal.split(",") if a.doc_lognormal else [])
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, cores() // p)))
         self.count += 1
@@ -161,7 +163,9 @@ class Study:
         if self.first is None:
             self.first = j
         t = self.flops(seq, causal) / j["compute_s"] * 1e-12
-        if isinstance(j.get("tflops"), (int, float)) and abs(j["tflops"] - t) > 0.01 * t:
+        if a.doc_lognormal:  # documents: the app counts the pairs of each document (Σ L² instead of N²)
+            t = j["tflops"]
+        elif isinstance(j.get("tflops"), (int, float)) and abs(j["tflops"] - t) > 0.01 * t:
             print(f"  warning: the app reports {j['tflops']} TFLOP/s, its compute_s and the flop count give {t:.6g}",
                   flush=True)
         j["study_tflops"] = t
@@ -252,6 +256,9 @@ def main():
     ap.add_argument("--reference-max-n", type=int, default=16384,
                     help="largest N given to kfa_bench_forward for the memory columns (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes on 2 cores)")
+    ap.add_argument("--doc-lognormal", metavar="MEDIAN,SIGMA,MIN,MAX,SEED",
+                    help="a length mix: every run packs documents of these log-normal lengths into its sequence "
+                         "(kfa-longseq --doc-lognormal; needs --batch 1); TFLOP/s then count each document's pairs")
     ap.add_argument("--mpiexec", default="mpirun", help="default: %(default)s")
     ap.add_argument("--mpiexec-flags", help="flags after MPIEXEC (default: with Open MPI --oversubscribe, and "
                     "--allow-run-as-root as root)")
@@ -260,6 +267,8 @@ def main():
     a = ap.parse_args()
     if a.reps < 1:
         ap.error("--reps must be at least 1")
+    if a.doc_lognormal and (len(a.doc_lognormal.split(",")) != 5 or a.batch != 1):
+        ap.error("--doc-lognormal takes MEDIAN,SIGMA,MIN,MAX,SEED and needs --batch 1")
     plt = None
     if not a.no_plots:  # before minutes of runs, not after
         try:
@@ -338,7 +347,7 @@ def main():
     meta = dict(date=date, machine=machine, cores=ncores, backend=backend, kokkos_version=j.get("kokkos_version", ""),
                 kfa_version=j.get("kfa_version", ""), host_isa=isa, dtype=a.dtype, batch=a.batch, heads=a.heads,
                 head_dim=a.head_dim, reps=a.reps, ranks=ranks, strong_seq=n_strong, per_rank=per_rank,
-                lengths=lengths, mpiexec=s.mpiexec, command=[os.path.basename(sys.argv[0])] + sys.argv[1:],
+                lengths=lengths, doc_lognormal=a.doc_lognormal, mpiexec=s.mpiexec, command=[os.path.basename(sys.argv[0])] + sys.argv[1:],
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS", "cores / ranks"), source=source,
                 other_cores_busy_mean=round(sum(x["other_cores_busy"] for v in runs.values() for x in v) /
                                             sum(len(v) for v in runs.values()), 2),
@@ -362,7 +371,8 @@ def plots(plt, a, meta, strong, weak, causal, memory, speed):
     ranks, ncores = meta["ranks"], meta["cores"]
     host = meta["backend"] not in DEVICE_BACKENDS
     over = host and ranks[-1] > ncores
-    shape = f"{a.heads} heads, head dim {a.head_dim}, batch {a.batch}"
+    shape = f"{a.heads} heads, head dim {a.head_dim}, batch {a.batch}" + \
+        (f", documents log-normal (median, sigma, min, max, seed) = ({a.doc_lognormal})" if a.doc_lognormal else "")
     where = (f"{meta['machine']}; Kokkos {meta['kokkos_version']} {meta['backend']}, host SIMD {meta['host_isa']}; "
              f"{meta['date']}; median of {a.reps} run{'s' if a.reps > 1 else ''}" +
              (", bars min-max" if a.reps > 1 else "") +

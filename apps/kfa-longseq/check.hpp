@@ -35,20 +35,24 @@ double gradient_tolerance() {
   return 10 * tolerance<T>();
 }
 
-// Visible from the definition (bottom-right aligned causal and window over global positions; seq_q = seq_k).
-inline bool visible(const Config& c, long i, long j) {
+// Visible from the definition (bottom-right aligned causal and window over global positions; seq_q = seq_k; no
+// key of another document).
+inline bool visible(const Config& c, const Shard& s, long i, long j) {
+  const auto doc = s.document_of(i);
+  if (j < doc.first || j >= doc.second) return false;
   const long left = c.window.empty() ? -1 : c.window[0], right = c.window.empty() ? -1 : c.window[1];
   if (c.causal && j > i) return false;
   if (right >= 0 && j > i + right) return false;
   if (left >= 0 && j < i - left) return false;
   return true;
 }
-/// The keys query i sees, [lo, hi) of [0, seq).
-inline std::pair<long, long> keys_of(const Config& c, long seq, long i) {
+/// The keys query i sees, [lo, hi) of [0, seq) (of its document).
+inline std::pair<long, long> keys_of(const Config& c, const Shard& s, long i) {
   const long left = c.window.empty() ? -1 : c.window[0], right = c.window.empty() ? -1 : c.window[1];
-  long lo = left >= 0 ? i - left : 0, hi = c.causal ? i + 1 : seq;
+  const auto doc = s.document_of(i);
+  long lo = left >= 0 ? i - left : 0, hi = c.causal ? i + 1 : s.seq;
   if (right >= 0) hi = std::min(hi, i + right + 1);
-  return {std::max(lo, 0L), std::min(hi, seq)};
+  return {std::max(lo, doc.first), std::min(hi, doc.second)};
 }
 
 // Adds |got - want|^2 and |want|^2 of one row to num/den (a non-finite value counts as +inf).
@@ -246,7 +250,7 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
   std::vector<double> kr(d), vr(d);
   if (c.generate) {
     for (auto& r : rows) {
-      const auto range = keys_of(c, s.seq, r.gi);
+      const auto range = keys_of(c, s, r.gi);
       for (long gj = range.first; gj < range.second; ++gj) {
         generated_row<T>(c, s, 1, s.kv_heads, r.b, gj, r.h / group, kr.data());
         generated_row<T>(c, s, 2, s.kv_heads, r.b, gj, r.h / group, vr.data());
@@ -260,7 +264,7 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
     for (int step = 0; step < p; ++step) {
       for (auto& r : rows)
         seg.for_each([&](long lj, long gj) {
-          if (!visible(c, r.gi, gj)) return;
+          if (!visible(c, s, r.gi, gj)) return;
           const size_t at = (r.b * nmax + lj) * row + (r.h / group) * d;
           row_to_double(&kb[at], d, kr.data()), row_to_double(&vb[at], d, vr.data());
           visit_key(r, kr.data(), vr.data());
@@ -343,7 +347,7 @@ CheckResult self_check(const Config& c, const Shard& s, const Tensors<T>& t, MPI
   for (int step = 0; step < p; ++step) {
     for (auto& r : keys)
       seg.for_each([&](long li, long gi) {
-        if (!visible(c, gi, r.gj)) return;
+        if (!visible(c, s, gi, r.gj)) return;
         for (long h = r.hk * group; h < (r.hk + 1) * group; ++h) {
           if (c.generate) {
             generated_row<T>(c, s, 0, s.heads, r.b, gi, h, qr.data());

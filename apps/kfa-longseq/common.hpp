@@ -6,11 +6,13 @@
 #include <kfa/distributed/dist.hpp>
 #include <kfa/types.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace longseq {
@@ -25,8 +27,10 @@ struct Config {
   std::uint64_t seed = 1;
   std::vector<int> window;
   double scale = 0, softcap = 0;
-  double check_tol = -1;       // < 0: the dtype's default
-  long max_message_bytes = 0;  // 0: the Ring's default (1 GiB)
+  double check_tol = -1;              // < 0: the dtype's default
+  long max_message_bytes = 0;         // 0: the Ring's default (1 GiB)
+  std::vector<int> doc_lengths;       // --doc-lengths: documents packed into the sequence
+  std::vector<double> doc_lognormal;  // --doc-lognormal MEDIAN SIGMA MIN MAX SEED
 };
 
 /// Throws kfa::Error with a message built from streamable pieces.
@@ -51,6 +55,28 @@ struct Shard {
   long batch = 0, seq = 0, heads = 0, kv_heads = 0, d = 0;
   std::vector<kfa::dist::Segment> segs;
   long n = 0;  // local tokens
+  /// The documents packed into the sequence (batch 1): their bounds as cu_seqlens, documents.size() − 1 of them;
+  /// empty: one sequence per batch entry. No token attends to another document's.
+  std::vector<long> documents;
+  /// [first, end) of the document holding position i (the whole sequence without documents).
+  std::pair<long, long> document_of(long i) const {
+    if (documents.empty()) return {0, seq};
+    const auto it = std::upper_bound(documents.begin(), documents.end() - 1, i);  // the first bound past i
+    return {*(it - 1), *it};
+  }
+  long longest_document() const {
+    long m = documents.empty() ? seq : 0;
+    for (size_t x = 1; x < documents.size(); ++x) m = std::max(m, documents[x] - documents[x - 1]);
+    return m;
+  }
+  /// Σ over the (batch entries or) documents of length²: the query-key pairs a full mask would score.
+  double pairs() const {
+    if (documents.empty()) return double(batch) * double(seq) * double(seq);
+    double p = 0;
+    for (size_t x = 1; x < documents.size(); ++x)
+      p += double(documents[x] - documents[x - 1]) * (documents[x] - documents[x - 1]);
+    return p;
+  }
   /// The global position of local token `li`.
   long global_of(long li) const {
     for (const auto& sg : segs)

@@ -35,6 +35,7 @@
 #include <initializer_list>
 #include <iomanip>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -202,6 +203,48 @@ std::string dims_text(const std::vector<long>& d) {
   return t + "]";
 }
 
+// The documents packed into the sequence: --doc-lengths, --doc-lognormal (drawn from its seed until they fill
+// --seqlen, the last one cut), or the input's dataset 'cu_seqlens' (int32 or int64); checked. Empty: none. Every
+// rank computes or reads the same. Collective (a read).
+std::vector<long> documents(const Config& c, Input& in, const Shard& s) {
+  std::vector<long> cu;
+  std::string from;
+  if (!c.doc_lengths.empty()) {
+    cu.push_back(0);
+    for (int l : c.doc_lengths) cu.push_back(cu.back() + l);
+    from = "--doc-lengths";
+    if (cu.back() != s.seq) fail("kfa-longseq: --doc-lengths add up to ", cu.back(), " tokens but --seqlen is ", s.seq);
+  } else if (!c.doc_lognormal.empty()) {
+    const double median = c.doc_lognormal[0], sigma = c.doc_lognormal[1];
+    const long lo = static_cast<long>(c.doc_lognormal[2]), hi = static_cast<long>(c.doc_lognormal[3]);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(c.doc_lognormal[4]));
+    std::normal_distribution<double> z(0.0, sigma);
+    cu.push_back(0);
+    while (cu.back() < s.seq) {
+      const long l = std::min(std::max(lo, std::lround(median * std::exp(z(rng)))), hi);
+      cu.push_back(std::min(cu.back() + l, s.seq));
+    }
+    from = "--doc-lognormal";
+  } else if (in.reader) {
+    const kfa::io::DatasetInfo info = in.reader->info("cu_seqlens");
+    if (!info.exists) return cu;
+    cu = in.reader->read_integers("cu_seqlens", info);
+    from = "dataset 'cu_seqlens' of " + c.input;
+    if (cu.empty()) fail("kfa-longseq: ", from, " is empty (it has documents + 1 entries, the first 0)");
+    if (cu.front() != 0) fail("kfa-longseq: ", from, " starts at ", cu.front(), "; it must start at 0");
+    for (size_t x = 1; x < cu.size(); ++x)
+      if (cu[x] < cu[x - 1])
+        fail("kfa-longseq: ", from, " decreases: entry ", x, " = ", cu[x], " < entry ", x - 1, " = ", cu[x - 1]);
+    if (cu.back() != s.seq)
+      fail("kfa-longseq: ", from, " ends at ", cu.back(), " but the sequence has ", s.seq, " tokens");
+  } else {
+    return cu;
+  }
+  if (s.batch != 1) fail("kfa-longseq: documents (", from, ") pack one sequence: batch must be 1, not ", s.batch);
+  if (s.seq > INT_MAX) fail("kfa-longseq: documents (", from, ") need seq < 2^31 (int32 cu_seqlens), not ", s.seq);
+  return cu;
+}
+
 // Opens --input (its datasets' shapes and types, checked) or takes the generated shape; the rank's shard.
 // Every rank refuses alike. Collective.
 Shard describe_input(const Config& c, Input& in, MPI_Comm comm) {
@@ -237,6 +280,7 @@ Shard describe_input(const Config& c, Input& in, MPI_Comm comm) {
       if (in.d_o.exists && in.d_o.dims != qd) fail("kfa-longseq: dataset 'do' must have the shape of 'q'");
     }
   }
+  s.documents = documents(c, in, s);
   if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0)
     fail("kfa-longseq: heads = ", s.heads, " is not a multiple of kv-heads = ", s.kv_heads);
   if (s.d % 8 != 0 || s.d < 8 || s.d > 256)
@@ -387,12 +431,28 @@ Computed compute(const Config& c, const Shard& s, Tensors<T>& t, MPI_Comm comm) 
   MPI_Barrier(comm);
   const double tc0 = MPI_Wtime();
   progress.start(tc0);
-  kfa::dist::ring_attention_forward(Exec(), ring, t.q, t.k, t.v, t.o, t.lse, opts, &fst);
   if (c.backward) {
     t.dq = Tensor<T>("kfa-longseq::dq", s.batch, s.n, s.heads, s.d);
     t.dk = Tensor<T>("kfa-longseq::dk", s.batch, s.n, s.kv_heads, s.d);
     t.dv = Tensor<T>("kfa-longseq::dv", s.batch, s.n, s.kv_heads, s.d);
-    kfa::dist::ring_attention_backward(Exec(), ring, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts, &bst);
+  }
+  if (s.documents.empty()) {
+    kfa::dist::ring_attention_forward(Exec(), ring, t.q, t.k, t.v, t.o, t.lse, opts, &fst);
+    if (c.backward)
+      kfa::dist::ring_attention_backward(Exec(), ring, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts, &bst);
+  } else {  // packed documents: the batch of one as [tokens, heads, head_dim], cu_seqlens on the device
+    Kokkos::View<int*, Mem> cu("kfa-longseq::cu_seqlens", s.documents.size());
+    const auto cu_h = Kokkos::create_mirror_view(cu);
+    for (size_t x = 0; x < s.documents.size(); ++x) cu_h(x) = static_cast<int>(s.documents[x]);
+    Kokkos::deep_copy(cu, cu_h);
+    const long longest = s.longest_document();
+    auto tok = [](const Tensor<T>& x) { return Kokkos::subview(x, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL); };
+    const auto lse = Kokkos::subview(t.lse, 0, Kokkos::ALL, Kokkos::ALL);
+    kfa::dist::ring_attention_forward_varlen(Exec(), ring, tok(t.q), tok(t.k), tok(t.v), tok(t.o), lse, cu, cu, longest,
+                                             longest, opts, &fst);
+    if (c.backward)
+      kfa::dist::ring_attention_backward_varlen(Exec(), ring, tok(t.q), tok(t.k), tok(t.v), tok(t.o), tok(t.d_o), lse,
+                                                tok(t.dq), tok(t.dk), tok(t.dv), cu, cu, longest, longest, opts, &bst);
   }
   r.total_s = max_over(MPI_Wtime() - tc0, comm);
   r.split = split_steps({&fst, &bst}, r.exchange_alone_s, r.exchange_bytes, comm);
@@ -551,8 +611,7 @@ struct Outcome {
 
 // The report on stdout (rank 0).
 void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
-  const double flops =
-      4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
+  const double flops = 4.0 * s.heads * s.pairs() * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
   const StepSplit& split = x.comp.split;
   const bool hidden_known = split.transfer_s > 0;
   const double hidden = hidden_known ? std::max(0.0, std::min(1.0, 1.0 - split.exposed_s / split.transfer_s)) : 0.0;
@@ -564,6 +623,10 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
       << (c.backward ? (c.nondeterministic ? ", forward+backward (nondeterministic dq)" : ", forward+backward")
                      : ", forward")
       << "\n"
+      << (s.documents.empty() ? std::string()
+                              : "  documents: " + std::to_string(s.documents.size() - 1) + " packed in " +
+                                    std::to_string(s.seq) + " tokens, longest " + std::to_string(s.longest_document()) +
+                                    " (no token sees another document's)\n")
       << "  ring transport: " << x.comp.transport << ", messages of at most " << x.comp.max_message_bytes << " bytes\n";
   if (c.backward)
     rep << "  dO: "
@@ -638,8 +701,7 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
 
 // The --json summary (documented in apps/README.md, "JSON summary").
 Json summary(const Config& c, const Shard& s, int p, const Outcome& x) {
-  const double flops =
-      4.0 * s.batch * s.heads * double(s.seq) * s.seq * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
+  const double flops = 4.0 * s.heads * s.pairs() * s.d * (c.causal ? 0.5 : 1.0) * (c.backward ? 3.5 : 1.0);
   const StepSplit& split = x.comp.split;
   const bool hidden_known = split.transfer_s > 0;
   const double hidden = hidden_known ? std::max(0.0, std::min(1.0, 1.0 - split.exposed_s / split.transfer_s)) : 0.0;
@@ -649,6 +711,8 @@ Json summary(const Config& c, const Shard& s, int p, const Outcome& x) {
   js.add("backend", Exec::name()).add("io", kfa::io::io_mode()).add("ranks", p).add("layout", c.layout);
   js.add("dtype", c.dtype).add("output_dtype", c.output.empty() ? Json::null() : Json::str(output_dtype(c)));
   js.add("batch", s.batch).add("seq", s.seq).add("heads", s.heads).add("kv_heads", s.kv_heads);
+  js.add("documents", s.documents.empty() ? Json::null() : Json::num(double(s.documents.size() - 1)));
+  js.add("longest_document", s.documents.empty() ? Json::null() : Json::num(double(s.longest_document())));
   js.add("head_dim", s.d).add("causal", c.causal).add("backward", c.backward).add("deterministic", !c.nondeterministic);
   js.add("scale", c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(s.d)));
   js.add("do_source", x.do_source.empty() ? Json::null() : Json::str(x.do_source));
@@ -856,6 +920,15 @@ int main(int argc, char** argv) {
   in->excludes(gen);
   app.add_option("--batch", c.batch, "with --generate: sequences in the batch")->check(CLI::PositiveNumber);
   app.add_option("--seqlen", c.seqlen, "with --generate: sequence length in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--doc-lengths", c.doc_lengths,
+                 "with --generate: documents packed into the sequence (batch 1), comma separated; --seqlen "
+                 "defaults to their sum. No token attends to another document's")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--doc-lognormal", c.doc_lognormal,
+                 "with --generate: documents of log-normal lengths (MEDIAN, SIGMA of log length, clamped to "
+                 "[MIN, MAX]) drawn with SEED until they fill --seqlen (the last cut)")
+      ->expected(5);
   app.add_option("--heads", c.heads, "with --generate: query heads")->check(CLI::PositiveNumber);
   app.add_option("--kv-heads", c.kv_heads, "with --generate: key/value heads, a divisor of --heads")
       ->check(CLI::NonNegativeNumber)
@@ -930,7 +1003,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (!c.generate && c.input.empty()) throw CLI::ValidationError("one of --input FILE or --generate is required");
     if (!c.generate)  // the shape comes from the file: a generate-only option would be silently ignored
-      for (const char* o : {"--batch", "--seqlen", "--heads", "--kv-heads", "--head-dim", "--seed"})
+      for (const char* o :
+           {"--batch", "--seqlen", "--heads", "--kv-heads", "--head-dim", "--seed", "--doc-lengths", "--doc-lognormal"})
         if (app.count(o) > 0)
           throw CLI::ValidationError(std::string(o) +
                                      " applies only with --generate; with --input the shape and the "
@@ -940,6 +1014,19 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--window values must be >= -1, got " + std::to_string(c.window[0]) + " " +
                                  std::to_string(c.window[1]));
     if (c.generate && c.kv_heads == 0) c.kv_heads = c.heads;
+    if (!c.doc_lengths.empty() && !c.doc_lognormal.empty())
+      throw CLI::ValidationError("--doc-lengths and --doc-lognormal exclude each other");
+    if (!c.doc_lengths.empty() && app.count("--seqlen") == 0) {  // the documents make the sequence
+      long total = 0;
+      for (int l : c.doc_lengths) total += l;
+      c.seqlen = total;
+    }
+    if (!c.doc_lognormal.empty() && (c.doc_lognormal[0] <= 0 || c.doc_lognormal[1] < 0 || c.doc_lognormal[2] < 1 ||
+                                     c.doc_lognormal[3] < c.doc_lognormal[2] || c.doc_lognormal[4] < 0 ||
+                                     c.doc_lognormal[4] != std::floor(c.doc_lognormal[4])))
+      throw CLI::ValidationError(
+          "--doc-lognormal MEDIAN SIGMA MIN MAX SEED needs MEDIAN > 0, SIGMA >= 0, "
+          "1 <= MIN <= MAX and a whole SEED >= 0");
     if (app.count("--output") > 0 && c.output.empty())
       throw CLI::ValidationError("--output needs a file name (got an empty string)");
     if (app.count("--json") > 0 && c.json.empty())

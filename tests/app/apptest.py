@@ -4,6 +4,7 @@ first on sys.path, so `import apptest` works from any working directory, as CTes
   mpi_env(extra)      the environment for an mpirun: os.environ, MPI_ENV's defaults, `extra`
   kill_session(sid)   SIGKILL to mpirun and every rank of a Popen(start_new_session=True)
   reference(...)      float64 attention forward and gradients from the definition (numpy)
+  generated(...)      the app's generated tensors (the counter hash of apps/README.md), in numpy
 """
 import os
 import signal
@@ -90,3 +91,19 @@ def reference(q, k, v, do, causal, window=(-1, -1), scale=None, softcap=0.0):
     dk = np.einsum("bhij,bihd->bjhd", ds, q).reshape(b, s, hkv, g, d).sum(3) * scale
     dv = np.einsum("bhij,bihd->bjhd", p, do).reshape(b, s, hkv, g, d).sum(3)
     return o, lse, dq, dk, dv
+
+
+def generated(seed, tensor_id, shape):
+    """The app's generated tensor: element `flat` (row-major index in the global [batch, seq, heads, head_dim]
+    tensor) of tensor id (0 q, 1 k, 2 v, 3 dO) is splitmix64(seed * golden + id << 56 + flat) mapped to
+    [-1, 1) (apps/README.md, "generated inputs")."""
+    import numpy as np
+
+    m = np.uint64(0xFFFFFFFFFFFFFFFF)
+    flat = np.arange(int(np.prod(shape)), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + (np.uint64(tensor_id) << np.uint64(56)) + flat
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = (z ^ (z >> np.uint64(31))) & m
+    return ((z >> np.uint64(11)).astype(np.float64) * (2.0 / 9007199254740992.0) - 1.0).reshape(shape)

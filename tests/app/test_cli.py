@@ -204,7 +204,34 @@ def bench_ring(b):
     check(rc == 0 and "kfa_bench_ring P=" in out, "kfa_bench_ring: a small run with chunked messages", out + err)
 
 
+def example_varlen(b):
+    helps(b, "--lengths", "--heads", "--kv-heads", "--head-dim", "--causal")
+    common(b)
+    numeric(b, positive=("--heads", "--kv-heads", "--head-dim"))
+    refused(b, ["--lengths", "10,-1"], "--lengths", "-1")
+    refused(b, ["--heads", "4", "--kv-heads", "3"], "--heads 4", "--kv-heads 3")
+    refused(b, ["--head-dim", "12"], "head_dim", "12")
+    rc, out, err, _ = run(b, ["--lengths", "5,0,40", "--heads", 2, "--kv-heads", 1, "--head-dim", 16, "--causal"])
+    check(rc == 0 and "ok: every sequence equals its own call" in out, "kfa_example_varlen: a small run passes",
+          out + err)
+
+
+def bench_varlen(b):
+    helps(b, "--dtype", "--d", "--hidden", "--causal", "--reps", "--lengths", "--tokens", "--min", "--max", "--median",
+          "--sigma", "--seed", "--path", "--no-backward")
+    common(b)
+    numeric(b, positive=("--d", "--hidden", "--reps", "--tokens", "--min", "--max", "--median"))
+    refused(b, ["--lengths", "10,0"], "--lengths")
+    refused(b, ["--dtype", "int8", "--lengths", "16"], "--dtype int8")
+    rc, out, err, _ = run(b, ["--dtype", "fp32", "--d", 16, "--hidden", 32, "--lengths", "40,7,90", "--reps", 1,
+                              "--causal", "1"])
+    check(rc == 0 and "varlen fp32 16 1 3 137 2" in out and "fixed_equal_flops" in out,
+          "kfa_bench_varlen: a small run prints the packed and the fixed-length case", out + err)
+
+
 TABLE = {
+    "kfa_example_varlen": example_varlen,
+    "kfa_bench_varlen": bench_varlen,
     "kfa_bench_ring": bench_ring,
     "kfa_example_forward": example_forward,
     "kfa_example_backward": example_backward,

@@ -41,18 +41,7 @@ def check(cond, what):
         FAILURES.append(what)
 
 
-def generated(seed, tensor_id, shape):
-    """The app's generated tensor: element `flat` (row-major index in the global [batch, seq, heads, head_dim]
-    tensor) of tensor id (0 q, 1 k, 2 v, 3 dO) is splitmix64(seed * golden + id << 56 + flat) mapped to
-    [-1, 1) (apps/README.md, "generated inputs")."""
-    m = np.uint64(0xFFFFFFFFFFFFFFFF)
-    flat = np.arange(int(np.prod(shape)), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + (np.uint64(tensor_id) << np.uint64(56)) + flat
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = (z ^ (z >> np.uint64(31))) & m
-    return ((z >> np.uint64(11)).astype(np.float64) * (2.0 / 9007199254740992.0) - 1.0).reshape(shape)
+generated = apptest.generated
 
 
 def reference(q, k, v, do, causal):

@@ -506,6 +506,30 @@ class Reader {
     for (long i = 0; i < buf[2] && i < 32; ++i) d.dims.push_back(buf[4 + i]);
     return d;
   }
+  /// The whole of the rank-1 integer dataset `name` (an index such as cu_seqlens: int32 or int64 in the file), as
+  /// int64 on every rank (read by every rank with a parallel HDF5, by rank 0 and broadcast with a serial one).
+  /// A dataset of another rank or a floating-point type throws, naming it. Collective.
+  std::vector<long> read_integers(const std::string& name, const DatasetInfo& info) {
+    const std::string where = "kfa::io: --input " + m_path + ": dataset '" + name + "' ";
+    if (info.dims.size() != 1)
+      kfa::detail::fail(where, "has rank ", info.dims.size(), "; expected a rank-1 integer dataset");
+    if (info.dims[0] > INT_MAX) kfa::detail::fail(where, "has ", info.dims[0], " entries, more than an index takes");
+    std::vector<long long> v(static_cast<size_t>(info.dims[0]), 0);
+    std::string err;
+    if (parallel_hdf5() || m_rank == 0) {
+      detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+      detail::Handle type(ds.id < 0 ? -1 : H5Dget_type(ds), H5Tclose);
+      if (ds.id < 0 || type.id < 0)
+        err = where + "cannot be opened (" + detail::hdf5_error_text() + ")";
+      else if (H5Tget_class(type) != H5T_INTEGER)
+        err = where + "has type " + info.type_text + "; expected an integer type (int32 or int64)";
+      else if (!v.empty() && H5Dread(ds, H5T_NATIVE_LLONG, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+        err = where + "cannot be read (" + detail::hdf5_error_text() + ")";
+    }
+    kfa::dist::agree(m_comm, err);
+    if (!v.empty()) MPI_Bcast(v.data(), static_cast<int>(v.size()), MPI_LONG_LONG, 0, m_comm);
+    return std::vector<long>(v.begin(), v.end());
+  }
   /// Reads the rows `segs` (along dimension 1 of a [B, S, H, D] dataset) into `out` [B, n_local, H, D]
   /// (host, row-major), converting from the file's float type to float or double. A read that fails on any
   /// rank (a corrupted compressed chunk in its rows, say) throws the same kfa::Error on every rank.
