@@ -1,7 +1,7 @@
 #pragma once
 /// detail/mask.hpp: which keys a query row sees: bottom-right-aligned causal mask and sliding window, on global
-/// positions. Below common/ and cuda/ (it includes only compat.hpp), since both carry a KeyMask: the common
-/// argument structs and the native kernels' pointer structs.
+/// positions, inside each document of a variable-length batch. Below common/ and cuda/ (it includes only
+/// compat.hpp), since both carry a KeyMask: the common argument structs and the native kernels' pointer structs.
 #include <kfa/compat.hpp>
 
 namespace kfa {
@@ -36,11 +36,12 @@ struct Positions {
 /// With documents (varlen), the same rule holds inside each document, on the document's own positions and
 /// lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
 /// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
-/// ring shard's segment otherwise). Every
-/// kernel family asks only the functions below which keys a row, a block of rows or a key sees, so this is
-/// the one place variable-length batches reach the kernels: each row's visible keys stay one range, and the
-/// ranges' ends grow with the row across documents too, so a block's key range is its first row's first key
-/// to its last row's last key, exactly as for one sequence.
+/// ring shard's segment otherwise). Every kernel family asks only the functions below which keys a row, a
+/// block of rows or a key sees, so this is the one place variable-length batches reach the kernels: each
+/// row's visible keys stay one range, and the ranges' ends grow with the row across documents too, so a
+/// block's key range is its first row's first key to its last row's last key, exactly as for one sequence.
+/// Kernels resolve their block once (for_rows / for_keys), so that a block inside one document costs what a
+/// fixed-length block does.
 struct KeyMask {
   long seq_k = 0;
   long offset = 0;
