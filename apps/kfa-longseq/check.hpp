@@ -113,21 +113,19 @@ void generated_row(const Config& c, const Shard& s, int id, long heads, long b, 
   for (long e = 0; e < s.d; ++e) out[e] = round_to<T>(generated(c.seed, id, at + static_cast<std::uint64_t>(e)));
 }
 
-// A travelling shard's segments: {tokens, begin0, length0, begin1, length1}.
+// A travelling shard's segments: {global begin, length} of each in local order, as many on every rank.
 struct TravellingSegments {
-  long v[5] = {0, 0, 0, 0, 0};
-  explicit TravellingSegments(const Shard& s) {
-    v[0] = s.n;
-    for (size_t i = 0; i < s.segs.size() && i < 2; ++i)
-      v[1 + 2 * i] = s.segs[i].global_begin, v[2 + 2 * i] = s.segs[i].length;
+  std::vector<long> v;
+  explicit TravellingSegments(const Shard& s) : v(2 * std::max<size_t>(2, s.segs.size()), 0) {
+    for (size_t i = 0; i < s.segs.size(); ++i) v[2 * i] = s.segs[i].global_begin, v[2 * i + 1] = s.segs[i].length;
   }
   // Calls f(local index in the owner's shard, global position) for every token of the owner.
   template <class F>
   void for_each(F&& f) const {
     long lb = 0;
-    for (int g = 0; g < 2; ++g) {
-      for (long j = 0; j < v[2 + 2 * g]; ++j) f(lb + j, v[1 + 2 * g] + j);
-      lb += v[2 + 2 * g];
+    for (size_t g = 0; g < v.size(); g += 2) {
+      for (long j = 0; j < v[g + 1]; ++j) f(lb + j, v[g] + j);
+      lb += v[g + 1];
     }
   }
 };
@@ -148,11 +146,7 @@ void pass_on(std::vector<U>& buf, MPI_Comm comm) {
                          MPI_STATUS_IGNORE);
 }
 inline void pass_on(TravellingSegments& seg, MPI_Comm comm) {
-  int rank, p;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &p);
-  if (p == 1) return;
-  MPI_Sendrecv_replace(seg.v, 5, MPI_LONG, (rank + 1) % p, 6, (rank + p - 1) % p, 6, comm, MPI_STATUS_IGNORE);
+  pass_on(seg.v, comm);
 }
 
 /// A random row (batch, local token, head) of this rank's shard.

@@ -32,34 +32,49 @@ inline TokenRange token_range(std::int64_t tokens, std::int64_t row) {
   return TokenRange(lo, hi);
 }
 
+/// The global position of each of this rank's n local tokens, on the device.
+inline Kokkos::View<std::int64_t*, Mem> global_positions(const Shard& s) {
+  Kokkos::View<std::int64_t*, Mem> g(Kokkos::view_alloc("kfa-longseq::global_positions", Kokkos::WithoutInitializing),
+                                     s.n);
+  const auto h = Kokkos::create_mirror_view(g);
+  for (const auto& sg : s.segs)
+    for (long t = 0; t < sg.length; ++t) h(sg.local_begin + t) = sg.global_begin + t;
+  Kokkos::deep_copy(g, h);
+  return g;
+}
+
 /// Fills x [batch, n, heads, d], this rank's shard of generated tensor `id`, on the device in T: element
-/// (b, i, h, e) is generated(seed, id, global index) rounded to T, i the global position of local token i.
+/// (b, i, h, e) is generated(seed, id, global index) rounded to T, at the global position of local token i.
 template <class T>
 void generate_shard(const Tensor<T>& x, const Shard& s, std::uint64_t seed, int id) {
   if (x.size() == 0) return;
   const std::int64_t n = s.n, seq = s.seq, row = static_cast<std::int64_t>(x.extent(2) * x.extent(3));
-  const std::int64_t g0 = s.segs[0].global_begin, len0 = s.segs[0].length;
-  const std::int64_t g1 = s.segs.size() > 1 ? s.segs[1].global_begin : 0;
+  const auto global = global_positions(s);
   T* const p = x.data();
   Kokkos::parallel_for(
       "kfa-longseq::generate", token_range(static_cast<std::int64_t>(x.extent(0)) * n, row),
       KOKKOS_LAMBDA(const std::int64_t t, const std::int64_t e) {
-        const std::int64_t b = t / n, li = t - b * n;
-        const std::int64_t gi = li < len0 ? g0 + li : g1 + (li - len0);
+        const std::int64_t b = t / n, gi = global(t - b * n);
         p[t * row + e] = static_cast<T>(generated(seed, id, static_cast<std::uint64_t>((b * seq + gi) * row + e)));
       });
 }
 
-/// The local row-major index of the first NaN or ±Inf element of x (as float64), or -1. Blocks.
+/// The global row-major index ([batch, seq, heads, d]) of the first NaN or ±Inf element (as float64) of x
+/// [batch, n, heads, d], this rank's shard, or -1. Blocks.
 template <class T>
-long long first_nonfinite_local(const Tensor<T>& x) {
+long long first_nonfinite_local(const Tensor<T>& x, const Shard& s) {
   if (x.size() == 0) return -1;
   const T* const p = x.data();
+  const auto global = global_positions(s);
+  const std::int64_t n = s.n, seq = s.seq, row = static_cast<std::int64_t>(x.extent(2) * x.extent(3));
   long long first = 0;
   Kokkos::parallel_reduce(
       "kfa-longseq::first_nonfinite", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, x.size()),
       KOKKOS_LAMBDA(const std::int64_t i, long long& m) {
-        if (!kfa::compat::isfinite(to_double(p[i])) && i < m) m = i;
+        if (kfa::compat::isfinite(to_double(p[i]))) return;
+        const std::int64_t t = i / row, b = t / n;
+        const long long at = (b * seq + global(t - b * n)) * row + i % row;
+        if (at < m) m = at;
       },
       Kokkos::Min<long long>(first));
   Kokkos::fence();

@@ -289,7 +289,12 @@ Shard describe_input(const Config& c, Input& in, MPI_Comm comm) {
   const bool zigzag = c.layout == "zigzag";
   if (zigzag && s.seq < 2 * p)
     fail("kfa-longseq: --layout zigzag needs seq >= 2 * ranks = ", 2 * p, " but seq = ", s.seq);
-  s.segs = kfa::dist::shard_of(zigzag ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous, s.seq, p, rank);
+  const kfa::dist::Layout layout = zigzag ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
+  if (s.documents.empty()) {
+    s.segs = kfa::dist::shard_of(layout, s.seq, p, rank);
+  } else {  // zigzag: every document in 2P chunks, as the ring's variable-length calls take them
+    s.segs = kfa::dist::document_shard(layout, std::vector<int>(s.documents.begin(), s.documents.end()), p, rank);
+  }
   for (const auto& sg : s.segs) s.n += sg.length;
   return s;
 }
@@ -341,12 +346,8 @@ InputTimes load_inputs(const Config& c, const Shard& s, Input& in, Tensors<T>& t
 // d], the smallest over the ranks; "" when none. Collective.
 template <class T>
 std::string first_nonfinite(const Shard& s, const Tensor<T>& x, MPI_Comm comm) {
-  const long long heads = static_cast<long long>(x.extent(2)), f = first_nonfinite_local(x);
-  long long best = LLONG_MAX;
-  if (f >= 0) {  // within a batch entry local order is global order (segments in increasing positions)
-    const long long e = f % s.d, h = f / s.d % heads, li = f / s.d / heads % s.n, b = f / s.d / heads / s.n;
-    best = ((b * s.seq + s.global_of(static_cast<long>(li))) * heads + h) * s.d + e;
-  }
+  const long long heads = static_cast<long long>(x.extent(2)), f = first_nonfinite_local(x, s);
+  long long best = f >= 0 ? f : LLONG_MAX;
   MPI_Allreduce(MPI_IN_PLACE, &best, 1, MPI_LONG_LONG, MPI_MIN, comm);
   if (best == LLONG_MAX) return "";
   const long long e = best % s.d, h = best / s.d % heads, i = best / s.d / heads % s.seq,

@@ -66,7 +66,7 @@ def documents_end_to_end(tmp):
          for n, i, hh in (("q", 0, h), ("k", 1, hkv), ("v", 2, hkv), ("do", 3, h))}
     ref = reference_documents(x, cu, causal=True)
     runs = {}
-    for np_, layout in ((1, "contiguous"), (2, "zigzag"), (3, "contiguous")):
+    for np_, layout in ((1, "contiguous"), (2, "zigzag"), (3, "contiguous"), (3, "zigzag")):
         out = os.path.join(tmp, f"docs_{np_}_{layout}.h5")
         js = os.path.join(tmp, f"docs_{np_}_{layout}.json")
         rc, log = run(np_, "--generate", "--doc-lengths", ",".join(map(str, lengths)), "--heads", h, "--kv-heads",

@@ -470,7 +470,9 @@ void check_ring_varlen(Layout layout, const std::vector<int>& lq, const std::vec
                                  cu_k, mq, mk, opts);
   Exec().fence();
   // the ring, each rank its shards
-  const auto qs = kfa::dist::shard_of(layout, tq, p, r), ks = kfa::dist::shard_of(layout, tk, p, r);
+  std::vector<int> cq{0}, ck{0};
+  for (size_t s = 0; s < lq.size(); ++s) cq.push_back(cq.back() + lq[s]), ck.push_back(ck.back() + lk[s]);
+  const auto qs = kfa::dist::document_shard(layout, cq, p, r), ks = kfa::dist::document_shard(layout, ck, p, r);
   const auto ql = shard(q, qs), dol = shard(d_o, qs), kl = shard(k, ks), vl = shard(v, ks);
   const long nq = ql.extent(1), nk = kl.extent(1);
   Tensor<T> o("o", 1, nq, hq, d), dq("dq", 1, nq, hq, d), dk("dk", 1, nk, hkv, d), dv("dv", 1, nk, hkv, d);
@@ -508,9 +510,47 @@ TYPED_TEST(Ring, VariableLengthSequences) {
     check_ring_varlen<TypeParam>(layout, lens, lens, 4, 2, causal);
     check_ring_varlen<TypeParam>(layout, lens, lens, 2, 1, sliding);
   }
-  // Query and key lengths that differ per sequence (bottom-right causal in each).
+  // Query and key lengths that differ per sequence (bottom-right causal in each), a window on both sides.
   const std::vector<int> lq = {20, 90, 0, 33, 64}, lk = {45, 30, 12, 33, 100};
-  check_ring_varlen<TypeParam>(Layout::zigzag, lq, lk, 2, 2, causal);
+  RefOptions both;
+  both.window_left = 9, both.window_right = 4;
+  for (Layout layout : {Layout::contiguous, Layout::zigzag}) {
+    check_ring_varlen<TypeParam>(layout, lq, lk, 2, 2, causal);
+    check_ring_varlen<TypeParam>(layout, lq, lk, 2, 2, both);
+  }
+  // Many documents shorter than 2P tokens (empty zigzag chunks) around a long one.
+  std::vector<int> many(40, 3);
+  many[7] = 0, many[11] = 1, many[20] = 200, many[33] = 7;
+  check_ring_varlen<TypeParam>(Layout::zigzag, many, many, 2, 2, causal);
+}
+
+// document_shard: every rank's pieces cover each document's tokens once, in 2P chunks per document that
+// differ in length by at most one token; the zigzag's halves are chunk r and chunk 2P - 1 - r.
+TEST(RingLayout, DocumentShardsCoverEveryDocumentOnce) {
+  const std::vector<int> cu = {0, 37, 37, 187, 192, 283, 284, 344};
+  for (int p : {1, 2, 3, 4, 7})
+    for (Layout layout : {Layout::contiguous, Layout::zigzag}) {
+      std::vector<int> seen(cu.back(), 0);
+      for (int r = 0; r < p; ++r) {
+        const auto pieces = kfa::dist::document_shard(layout, cu, p, r);
+        long local = 0;
+        for (size_t i = 0; i < pieces.size(); ++i) {
+          const auto& x = pieces[i];
+          EXPECT_EQ(x.local_begin, local);
+          local += x.length;
+          for (long t = x.global_begin; t < x.global_begin + x.length; ++t) ++seen[t];
+          if (layout == Layout::zigzag && p > 1) {
+            ASSERT_EQ(pieces.size(), 2 * (cu.size() - 1));
+            const size_t s = i % (cu.size() - 1);
+            const long len = cu[s + 1] - cu[s], chunk = i < cu.size() - 1 ? r : 2 * p - 1 - r;
+            const long base = len / (2 * p), extra = len % (2 * p);
+            EXPECT_EQ(x.length, base + (chunk < extra ? 1 : 0)) << "document " << s << " chunk " << chunk;
+            EXPECT_EQ(x.global_begin, cu[s] + chunk * base + std::min(chunk, extra));
+          }
+        }
+      }
+      for (int t = 0; t < cu.back(); ++t) ASSERT_EQ(seen[t], 1) << "token " << t << " P " << p;
+    }
 }
 
 TEST(RingErrors, VariableLengthDocumentsMustAgree) {
@@ -533,6 +573,24 @@ TEST(RingErrors, VariableLengthDocumentsMustAgree) {
     EXPECT_GT(p, 1) << e.what();
     EXPECT_NE(std::string(e.what()).find("cu_seqlens_q and cu_seqlens_k differs across ranks"), std::string::npos)
         << e.what();
+  }
+  // zigzag shards cut as one sequence, not per document: every rank refuses, naming what it must hold
+  if (p > 1) {
+    kfa::dist::Ring zz(MPI_COMM_WORLD, Layout::zigzag);
+    const auto zsegs = kfa::dist::shard_of(Layout::zigzag, 64, p, r);
+    const auto zq = shard(q, zsegs);
+    Tensor<float> zo("zo", 1, zq.extent(1), 2, 64);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> zl("zl", 2, zq.extent(1));
+    const auto zcu = cu_of({1, 1, 62});
+    try {
+      kfa::dist::ring_attention_forward_varlen(Exec(), zz, p3(zq), p3(zq), p3(zq), p3(zo), zl, zcu, zcu, 62, 62);
+      ADD_FAILURE() << "no error for zigzag shards of the stream";
+    } catch (const kfa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("zigzag layout over documents: rank 0 must hold chunks 0 and " +
+                                           std::to_string(2 * p - 1) + " of every document's queries"),
+                std::string::npos)
+          << e.what();
+    }
   }
   // a total that disagrees with the shards, on every rank
   try {

@@ -11,10 +11,18 @@ namespace detail {
 /// [cu_q[s], cu_q[s+1]) and the keys [cu_k[s], cu_k[s+1]) of one packed sequence, and no query sees a key of
 /// another document. Pointers into memory the kernels' execution space reads (count + 1 entries each,
 /// validated on the host before any launch); count = 0 is a fixed-length call.
+/// A shard of the documents (kfa::dist's zigzag: each document cut into chunks spread over the ranks) says
+/// where its part of each document lies in it: document s's queries here are the tokens
+/// [at_q[s], at_q[s] + cu_q[s+1] − cu_q[s]) of the document's len_q[s] (keys likewise, at_k and len_k); null
+/// (the default): whole documents, at 0.
 struct Documents {
   const int* cu_q = nullptr;
   const int* cu_k = nullptr;
   int count = 0;
+  const int* at_q = nullptr;
+  const int* at_k = nullptr;
+  const int* len_q = nullptr;
+  const int* len_k = nullptr;
 };
 
 /// Where a block of queries and keys sits in the whole sequence: the global position of its first query
@@ -36,7 +44,9 @@ struct Positions {
 /// With documents (varlen), the same rule holds inside each document, on the document's own positions and
 /// lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
 /// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
-/// ring shard's segment otherwise). Every kernel family asks only the functions below which keys a row, a
+/// ring shard's segment otherwise). A shard of the documents (at_q, at_k) holds one contiguous piece of each:
+/// its rows and keys sit at at_q[s] and at_k[s] of document s, whose own lengths fix the alignment. Every
+/// kernel family asks only the functions below which keys a row, a
 /// block of rows or a key sees, so this is the one place variable-length batches reach the kernels: each
 /// row's visible keys stay one range, and the ranges' ends grow with the row across documents too, so a
 /// block's key range is its first row's first key to its last row's last key, exactly as for one sequence.
@@ -81,6 +91,17 @@ struct KeyMask {
     return lo;
   }
   KOKKOS_INLINE_FUNCTION static long clamp(long x, long lo, long hi) { return x < lo ? lo : (x > hi ? hi : x); }
+  /// Document s's length and the position in it of its first query (key) here.
+  KOKKOS_INLINE_FUNCTION long doc_len_q(int s) const {
+    return docs.len_q ? docs.len_q[s] : docs.cu_q[s + 1] - docs.cu_q[s];
+  }
+  KOKKOS_INLINE_FUNCTION long doc_len_k(int s) const {
+    return docs.len_k ? docs.len_k[s] : docs.cu_k[s + 1] - docs.cu_k[s];
+  }
+  KOKKOS_INLINE_FUNCTION long doc_at_q(int s) const { return docs.at_q ? docs.at_q[s] : 0; }
+  KOKKOS_INLINE_FUNCTION long doc_at_k(int s) const { return docs.at_k ? docs.at_k[s] : 0; }
+  /// Bottom-right alignment of document s, on its own positions.
+  KOKKOS_INLINE_FUNCTION long doc_offset(int s) const { return doc_len_k(s) - doc_len_q(s); }
 
   /// The mask a kernel applies to the rows [i_begin, i_end) of its block (query-block kernels call it once per
   /// block): where they lie in one document, the same mask without documents, bounded to that document's keys
@@ -102,7 +123,7 @@ struct KeyMask {
     const long k0 = docs.cu_k[s] - k_begin, k1 = docs.cu_k[s + 1] - k_begin;
     KeyMask m;
     m.left = left, m.right = right;
-    m.offset = k0 - q0 + ((k1 - k0) - (q1 - q0));  // bottom-right alignment in the document
+    m.offset = k0 - q0 + doc_at_q(s) - doc_at_k(s) + doc_offset(s);  // bottom-right alignment in the document
     m.seq_k = k1 < seq_k ? k1 : seq_k;
     m.key_lo = k0 > 0 ? k0 : 0;
     m.q_lo = q0 > 0 ? q0 : 0;
@@ -120,11 +141,12 @@ struct KeyMask {
       if (last > seq_k - 1) last = seq_k - 1;
       return;
     }
+    // On the document's positions: row i is query pi, its keys here are [at_k, at_k + nk).
     const int s = document_of(docs.cu_q, q_begin + i);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nk = docs.cu_k[s + 1] - k0, off = nk - (docs.cu_q[s + 1] - q0), li = q_begin + i - q0;
-    first = k0 - k_begin + (left < 0 ? 0 : clamp(li + off - left, 0, nk));
-    last = k0 - k_begin + (right < 0 ? nk - 1 : clamp(li + off + right, -1, nk - 1));
+    const long nk = docs.cu_k[s + 1] - k0, pi = q_begin + i - q0 + doc_at_q(s) + doc_offset(s) - doc_at_k(s);
+    first = k0 - k_begin + (left < 0 ? 0 : clamp(pi - left, 0, nk));
+    last = k0 - k_begin + (right < 0 ? nk - 1 : clamp(pi + right, -1, nk - 1));
     if (first < 0) first = 0;  // keys before or after this block's
     if (last > seq_k - 1) last = seq_k - 1;
   }
@@ -140,9 +162,9 @@ struct KeyMask {
     }
     const int s = document_of(docs.cu_k, k_begin + j);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nq = docs.cu_q[s + 1] - q0, off = (docs.cu_k[s + 1] - k0) - nq, lj = k_begin + j - k0;
-    first = q0 - q_begin + (right < 0 ? 0 : clamp(lj - off - right, 0, nq));
-    last = q0 - q_begin + (left < 0 ? nq - 1 : clamp(lj - off + left, -1, nq - 1));
+    const long nq = docs.cu_q[s + 1] - q0, pj = k_begin + j - k0 + doc_at_k(s) - doc_offset(s) - doc_at_q(s);
+    first = q0 - q_begin + (right < 0 ? 0 : clamp(pj - right, 0, nq));
+    last = q0 - q_begin + (left < 0 ? nq - 1 : clamp(pj + left, -1, nq - 1));
     if (first < 0) first = 0;  // queries before or after this block's
     if (last > seq_q - 1) last = seq_q - 1;
   }
@@ -204,7 +226,7 @@ struct KeyMask {
     const long q0 = docs.cu_q[s] - q_begin, k0 = docs.cu_k[s] - k_begin;
     const long q1 = docs.cu_q[s + 1] - q_begin, k1 = docs.cu_k[s + 1] - k_begin;
     if (i_end > q1 || j_begin < k0 || j_end > k1 || j_end > seq_k) return false;  // another document's rows or keys
-    const long off = (k1 - k0) - (q1 - q0);
+    const long off = doc_at_q(s) - doc_at_k(s) + doc_offset(s);
     return (left < 0 || j_begin - k0 >= (i_end - 1 - q0) + off - left) &&
            (right < 0 || j_end - 1 - k0 <= (i_begin - q0) + off + right);
   }

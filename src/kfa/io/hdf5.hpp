@@ -300,7 +300,49 @@ inline std::string link_text(hid_t file, const std::string& name) {
          std::string(target_path ? target_path : "?") + ")";
 }
 
-/// Selects the union of `segs` along dimension `seq_dim` of a dataspace with `dims`.
+/// `segs` in the order HDF5 walks the union of their rows (by global position), their local_begin counted
+/// in that order; `places` the same with `segs`' order kept (where each one's rows go in that order).
+inline std::vector<kfa::dist::Segment> in_file_order(const std::vector<kfa::dist::Segment>& segs,
+                                                     std::vector<kfa::dist::Segment>* places = nullptr) {
+  std::vector<std::size_t> at(segs.size());
+  for (std::size_t i = 0; i < at.size(); ++i) at[i] = i;
+  std::stable_sort(at.begin(), at.end(),
+                   [&](std::size_t a, std::size_t b) { return segs[a].global_begin < segs[b].global_begin; });
+  std::vector<kfa::dist::Segment> sorted, placed(segs);
+  long local = 0;
+  for (const std::size_t i : at) {
+    placed[i].local_begin = local, local += segs[i].length;
+    sorted.push_back(placed[i]);
+  }
+  if (places) *places = placed;
+  return sorted;
+}
+
+/// `data` (rows along dimension seq_dim of `dims`, whose other extents count, laid out as the segments `from`
+/// say) laid out as `to` says: the same segments in the same order, with other local_begin.
+template <class T>
+std::vector<T> moved_rows(const std::vector<T>& data, const std::vector<long>& dims, int seq_dim,
+                          const std::vector<kfa::dist::Segment>& from, const std::vector<kfa::dist::Segment>& to) {
+  long outer = 1, inner = 1, n = 0;
+  for (int i = 0; i < seq_dim; ++i) outer *= dims[i];
+  for (std::size_t i = seq_dim + 1; i < dims.size(); ++i) inner *= dims[i];
+  for (const auto& x : from) n += x.length;
+  std::vector<T> out(data.size());
+  for (long o = 0; o < outer; ++o)
+    for (std::size_t i = 0; i < from.size(); ++i)
+      std::copy_n(data.begin() + (o * n + from[i].local_begin) * inner, from[i].length * inner,
+                  out.begin() + (o * n + to[i].local_begin) * inner);
+  return out;
+}
+
+inline bool same_places(const std::vector<kfa::dist::Segment>& a, const std::vector<kfa::dist::Segment>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].length > 0 && a[i].local_begin != b[i].local_begin) return false;
+  return true;
+}
+
+/// Selects the union of `segs` along dimension `seq_dim` of a dataspace with `dims` (HDF5 walks it in the
+/// order of global positions: in_file_order).
 inline void select_rows(hid_t space, const std::vector<long>& dims, int seq_dim,
                         const std::vector<kfa::dist::Segment>& segs) {
   H5Sselect_none(space);
@@ -530,65 +572,18 @@ class Reader {
     if (!v.empty()) MPI_Bcast(v.data(), static_cast<int>(v.size()), MPI_LONG_LONG, 0, m_comm);
     return std::vector<long>(v.begin(), v.end());
   }
-  /// Reads the rows `segs` (along dimension 1 of a [B, S, H, D] dataset) into `out` [B, n_local, H, D]
-  /// (host, row-major), converting from the file's float type to float or double. A read that fails on any
-  /// rank (a corrupted compressed chunk in its rows, say) throws the same kfa::Error on every rank.
-  /// Collective.
+  /// Reads the rows `mine` (along dimension 1 of a [B, S, H, D] dataset; any number of segments, in any
+  /// order, as their local_begin lays them out) into `out` [B, n_local, H, D] (host, row-major), converting from the
+  /// file's float type to float or double. A read that fails on any rank (a corrupted compressed chunk in its rows,
+  /// say) throws the same kfa::Error on every rank. Collective.
   template <class T>
-  void read_rows(const std::string& name, const DatasetInfo& info, const std::vector<kfa::dist::Segment>& segs,
+  void read_rows(const std::string& name, const DatasetInfo& info, const std::vector<kfa::dist::Segment>& mine,
                  std::vector<T>& out) {
     static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value, "read as float or double");
-    const hid_t mem_type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
-    long n = 0;
-    for (const auto& s : segs) n += s.length;
-    const long row = info.dims[2] * info.dims[3];
-    out.assign(static_cast<size_t>(info.dims[0] * n * row), T(0));
-    std::string err;
-#ifdef KFA_IO_PARALLEL
-    detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
-    if (ds.id < 0) err = read_failure(name, "opening", segs);
-    kfa::dist::agree(m_comm, err);
-    detail::Handle fspace(H5Dget_space(ds), H5Sclose);
-    detail::select_rows(fspace, info.dims, 1, segs);
-    const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(n),
-                              static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
-    detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
-    if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
-    detail::Handle dxpl = detail::transfer();
-    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out.data()) < 0) err = read_failure(name, "reading", segs);
-    kfa::dist::agree(m_comm, err);
-#else
-    // Rank 0 reads every rank's rows and sends them (zeros after a failure, so no rank is left waiting);
-    // the others receive theirs; then all agree.
-    const int tag = 77;
-    gather_segments(segs);  // collective: rank 0 learns every rank's rows
-    if (m_rank == 0) {
-      detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
-      if (ds.id < 0) err = read_failure(name, "opening", segs);
-      for (int r = m_size - 1; r >= 0; --r) {
-        std::vector<kfa::dist::Segment> rs(m_segs_of(r, segs));
-        long nr = 0;
-        for (const auto& s : rs) nr += s.length;
-        std::vector<T> buf(static_cast<size_t>(info.dims[0] * nr * row), T(0));
-        if (err.empty() && nr > 0) {
-          detail::Handle fspace(H5Dget_space(ds), H5Sclose);
-          detail::select_rows(fspace, info.dims, 1, rs);
-          const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(nr),
-                                    static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
-          detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
-          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
-            err = read_failure(name, "reading", rs);
-        }
-        if (r == 0)
-          out.swap(buf);
-        else
-          detail::send_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
-      }
-    } else {
-      detail::recv_bytes(out.data(), out.size() * sizeof(T), 0, tag, m_comm);
-    }
-    kfa::dist::agree(m_comm, err);
-#endif
+    std::vector<kfa::dist::Segment> places;
+    const std::vector<kfa::dist::Segment> segs = detail::in_file_order(mine, &places);  // read so, then moved
+    read_rows_in_file_order(name, info, segs, out);
+    if (!detail::same_places(places, mine)) out = detail::moved_rows(out, info.dims, 1, places, mine);
   }
   /// Reads block `b` of dataset `name` (row_blocks of info.dims) into `out` (b.elements values), converting
   /// from the file's float type to M (float or double; HDF5 rounds to nearest, values beyond M's range
@@ -700,21 +695,81 @@ class Reader {
     return "kfa::io: --input " + m_path + ": " + what + " dataset '" + name + "' failed" +
            (rows.empty() ? "" : " (sequence rows " + rows + ")") + ": " + detail::hdf5_error_text();
   }
-  // Serial mode: every rank's segments (at most two), gathered so rank 0 can read for them. Collective.
-  void gather_segments(const std::vector<kfa::dist::Segment>& mine) {
-    long local[4] = {0, 0, 0, 0};
-    for (size_t i = 0; i < mine.size() && i < 2; ++i)
-      local[2 * i] = mine[i].global_begin, local[2 * i + 1] = mine[i].length;
-    m_all_segs.assign(4 * static_cast<size_t>(m_size), 0);
-    MPI_Allgather(local, 4, MPI_LONG, m_all_segs.data(), 4, MPI_LONG, m_comm);
+  // read_rows with `segs` in file order.
+  template <class T>
+  void read_rows_in_file_order(const std::string& name, const DatasetInfo& info,
+                               const std::vector<kfa::dist::Segment>& segs, std::vector<T>& out) {
+    const hid_t mem_type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+    long n = 0;
+    for (const auto& s : segs) n += s.length;
+    const long row = info.dims[2] * info.dims[3];
+    out.assign(static_cast<size_t>(info.dims[0] * n * row), T(0));
+    std::string err;
+#ifdef KFA_IO_PARALLEL
+    detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (ds.id < 0) err = read_failure(name, "opening", segs);
+    kfa::dist::agree(m_comm, err);
+    detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+    detail::select_rows(fspace, info.dims, 1, segs);
+    const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(n),
+                              static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
+    detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
+    if (n == 0) H5Sselect_none(mspace), H5Sselect_none(fspace);
+    detail::Handle dxpl = detail::transfer();
+    if (H5Dread(ds, mem_type, mspace, fspace, dxpl, out.data()) < 0) err = read_failure(name, "reading", segs);
+    kfa::dist::agree(m_comm, err);
+#else
+    // Rank 0 reads every rank's rows and sends them (zeros after a failure, so no rank is left waiting);
+    // the others receive theirs; then all agree.
+    const int tag = 77;
+    gather_segments(segs);  // collective: rank 0 learns every rank's rows
+    if (m_rank == 0) {
+      detail::Handle ds(H5Dopen2(m_file, name.c_str(), H5P_DEFAULT), H5Dclose);
+      if (ds.id < 0) err = read_failure(name, "opening", segs);
+      for (int r = m_size - 1; r >= 0; --r) {
+        std::vector<kfa::dist::Segment> rs(m_segs_of(r));
+        long nr = 0;
+        for (const auto& s : rs) nr += s.length;
+        std::vector<T> buf(static_cast<size_t>(info.dims[0] * nr * row), T(0));
+        if (err.empty() && nr > 0) {
+          detail::Handle fspace(H5Dget_space(ds), H5Sclose);
+          detail::select_rows(fspace, info.dims, 1, rs);
+          const hsize_t mdims[4] = {static_cast<hsize_t>(info.dims[0]), static_cast<hsize_t>(nr),
+                                    static_cast<hsize_t>(info.dims[2]), static_cast<hsize_t>(info.dims[3])};
+          detail::Handle mspace(H5Screate_simple(4, mdims, nullptr), H5Sclose);
+          if (H5Dread(ds, mem_type, mspace, fspace, H5P_DEFAULT, buf.data()) < 0)
+            err = read_failure(name, "reading", rs);
+        }
+        if (r == 0)
+          out.swap(buf);
+        else
+          detail::send_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
+      }
+    } else {
+      detail::recv_bytes(out.data(), out.size() * sizeof(T), 0, tag, m_comm);
+    }
+    kfa::dist::agree(m_comm, err);
+#endif
   }
-  std::vector<kfa::dist::Segment> m_segs_of(int r, const std::vector<kfa::dist::Segment>&) const {
+  // Serial mode: every rank's segments, gathered so rank 0 can read for them. Collective.
+  void gather_segments(const std::vector<kfa::dist::Segment>& mine) {
+    std::vector<long> local;
+    for (const auto& x : mine) local.push_back(x.global_begin), local.push_back(x.length);
+    int count = static_cast<int>(local.size());
+    std::vector<int> counts(m_size), displs(m_size, 0);
+    MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, m_comm);
+    for (int r = 1; r < m_size; ++r) displs[r] = displs[r - 1] + counts[r - 1];
+    m_all_segs.assign(static_cast<size_t>(displs.back() + counts.back()), 0);
+    MPI_Allgatherv(local.data(), count, MPI_LONG, m_all_segs.data(), counts.data(), displs.data(), MPI_LONG, m_comm);
+    m_segs_at.assign(displs.begin(), displs.end());
+    m_segs_at.push_back(static_cast<int>(m_all_segs.size()));
+  }
+  std::vector<kfa::dist::Segment> m_segs_of(int r) const {
     std::vector<kfa::dist::Segment> out;
     long lb = 0;
-    for (int i = 0; i < 2; ++i) {
-      const long len = m_all_segs[4 * r + 2 * i + 1];
-      if (len > 0 || i == 0) out.push_back({m_all_segs[4 * r + 2 * i], len, lb});
-      lb += len;
+    for (int i = m_segs_at[r]; i < m_segs_at[r + 1]; i += 2) {
+      out.push_back({m_all_segs[i], m_all_segs[i + 1], lb});
+      lb += m_all_segs[i + 1];
     }
     return out;
   }
@@ -723,6 +778,7 @@ class Reader {
   int m_rank = 0, m_size = 1;
   detail::Handle m_file;
   std::vector<long> m_all_segs;
+  std::vector<int> m_segs_at;  // where each rank's pairs start in m_all_segs (m_size + 1)
 };
 
 /// An output file written to `<path>.tmp-<id>` in the same directory and renamed to `path` by commit().
@@ -797,11 +853,16 @@ class Writer {
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
-  /// Writes the rows `segs` (along `seq_dim`) of dataset `name` with global `dims`, from `data` laid out
-  /// with the local rows in segment order. Stored as float64 or float32 like T. Collective.
+  /// Writes the rows `mine` (along `seq_dim`; any number of segments, in any order) of dataset `name` with
+  /// global `dims`, from `rows` laid out as their local_begin say. Stored as float64 or float32 like T. Collective.
   template <class T>
   void write_rows(const std::string& name, const std::vector<long>& dims, int seq_dim,
-                  const std::vector<kfa::dist::Segment>& segs, const std::vector<T>& data) {
+                  const std::vector<kfa::dist::Segment>& mine, const std::vector<T>& rows) {
+    std::vector<kfa::dist::Segment> places;
+    const std::vector<kfa::dist::Segment> segs = detail::in_file_order(mine, &places);  // HDF5's order of the union
+    const std::vector<T> moved =
+        detail::same_places(places, mine) ? std::vector<T>() : detail::moved_rows(rows, dims, seq_dim, mine, places);
+    const std::vector<T>& data = moved.empty() ? rows : moved;
     const hid_t type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
     std::vector<hsize_t> hd(dims.begin(), dims.end());
     std::string err;
@@ -834,21 +895,23 @@ class Writer {
       if (ds.id < 0) err = failure("creating dataset '" + name + "' in");
       if (err.empty()) err = grow_allocation(ds);
       for (int r = 0; r < m_size; ++r) {
-        long hdr[4];
         std::vector<T> buf;
         std::vector<kfa::dist::Segment> rs;
         if (r == 0) {
           rs = segs;
           buf = data;
         } else {
-          MPI_Recv(hdr, 4, MPI_LONG, r, tag, m_comm, MPI_STATUS_IGNORE);
+          long count = 0;
+          MPI_Recv(&count, 1, MPI_LONG, r, tag, m_comm, MPI_STATUS_IGNORE);
+          std::vector<long> hdr(static_cast<size_t>(count));
+          MPI_Recv(hdr.data(), static_cast<int>(count), MPI_LONG, r, tag, m_comm, MPI_STATUS_IGNORE);
           long lb = 0;
-          for (int i = 0; i < 2; ++i)
-            if (hdr[2 * i + 1] > 0) rs.push_back({hdr[2 * i], hdr[2 * i + 1], lb}), lb += hdr[2 * i + 1];
-          long count = lb;
+          for (long i = 0; i < count; i += 2)
+            if (hdr[i + 1] > 0) rs.push_back({hdr[i], hdr[i + 1], lb}), lb += hdr[i + 1];
+          long elements = lb;
           for (size_t i = 0; i < dims.size(); ++i)
-            if (static_cast<int>(i) != seq_dim) count *= dims[i];
-          buf.resize(static_cast<size_t>(count));
+            if (static_cast<int>(i) != seq_dim) elements *= dims[i];
+          buf.resize(static_cast<size_t>(elements));
           detail::recv_bytes(buf.data(), buf.size() * sizeof(T), r, tag, m_comm);
         }
         if (!err.empty()) continue;
@@ -863,10 +926,11 @@ class Writer {
           err = failure("writing dataset '" + name + "' to");
       }
     } else {
-      long hdr[4] = {0, 0, 0, 0};
-      for (size_t i = 0; i < segs.size() && i < 2; ++i)
-        hdr[2 * i] = segs[i].global_begin, hdr[2 * i + 1] = segs[i].length;
-      MPI_Send(hdr, 4, MPI_LONG, 0, tag, m_comm);
+      std::vector<long> hdr;
+      for (const auto& x : segs) hdr.push_back(x.global_begin), hdr.push_back(x.length);
+      long count = static_cast<long>(hdr.size());
+      MPI_Send(&count, 1, MPI_LONG, 0, tag, m_comm);
+      MPI_Send(hdr.data(), static_cast<int>(count), MPI_LONG, 0, tag, m_comm);
       detail::send_bytes(data.data(), data.size() * sizeof(T), 0, tag, m_comm);
     }
     agree(err);

@@ -61,7 +61,8 @@ void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, con
   using Kv = detail::KvBuffer<T, Mem>;
   using KvAcc = detail::KvBuffer<Acc, Mem>;
   using Part = Kokkos::View<Acc****, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>;
-  const int last = detail::last_needed_step(map, opts, docs.host(), p);
+  const int last = detail::last_needed_step(map, opts, docs, p);
+  const auto tables = detail::document_tables_in<Mem>(docs);  // where the kernels read them
   long qseg_max = 0, kseg_max = 0;  // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) qseg_max = std::max(qseg_max, qs.length);
   for (int r = 0; r < p; ++r)
@@ -109,11 +110,15 @@ void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, con
     // This step's visible blocks: their contributions into dq_acc and into the visiting shard's dK/dV
     // accumulator acc_b, for `parts`.
     auto run_blocks = [&](kfa::detail::BackwardParts parts) {
-      for (const Segment& qs : map.q_segments(me))
-        for (const Segment& ks : map.k_segments(owner)) {
-          kfa::detail::Positions pos;
-          if (!detail::block_visible(qs, ks, map, opts, docs.host(), pos)) continue;
-          pos.docs = docs.device;
+      for (int qi = 0; qi < static_cast<int>(map.q_segments(me).size()); ++qi)
+        for (int ki = 0; ki < static_cast<int>(map.k_segments(owner).size()); ++ki) {
+          const Segment &qs = map.q_segments(me)[qi], &ks = map.k_segments(owner)[ki];
+          if (!detail::block_visible(
+                  detail::block_positions(map, docs.host(), docs.tables.data(), p, me, qi, owner, ki), qs.length,
+                  ks.length, opts))
+            continue;  // fully masked: skipped
+          const kfa::detail::Positions pos =
+              detail::block_positions(map, docs.device, tables.data(), p, me, qi, owner, ki);
           const Segment qpart{qs.global_begin, qs.length, 0}, kpart{ks.global_begin, ks.length, 0};
           const auto dqp = detail::seq_slice(dq_part, qpart);
           const auto dkp = detail::seq_slice(dk_part, kpart), dvp = detail::seq_slice(dv_part, kpart);

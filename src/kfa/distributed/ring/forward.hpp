@@ -55,8 +55,9 @@ void ring_forward(const char* fn, const ExecSpace& space, const Ring& ring, cons
   // Timing single blocks' merges needs fences; on a device those would stall the host's MPI progress.
   const bool fence_blocks = timed && host_space;
   using Kv = KvBuffer<T, Mem>;
-  const int last = last_needed_step(map, opts, docs.host(), p);
-  long seg_max = 0;  // partial results are per (query segment, key segment) block
+  const int last = last_needed_step(map, opts, docs, p);
+  const auto tables = document_tables_in<Mem>(docs);  // where the kernels read them
+  long seg_max = 0;                                   // partial results are per (query segment, key segment) block
   for (const Segment& qs : map.q_segments(me)) seg_max = std::max(seg_max, qs.length);
   const ReleaseWorkBuffers release(ring);  // declared first: runs after the buffers' users are gone
   std::unique_ptr<Kv> cur, nxt;
@@ -93,11 +94,13 @@ void ring_forward(const char* fn, const ExecSpace& space, const Ring& ring, cons
       injected_fault(ring, s);
       const long nk = map.k_length(owner);
       const auto kt = cur->tile(nk, 0), vt = cur->tile(nk, 1);
-      for (const Segment& qs : map.q_segments(me))
-        for (const Segment& ks : map.k_segments(owner)) {
-          kfa::detail::Positions pos;
-          if (!block_visible(qs, ks, map, opts, docs.host(), pos)) continue;  // fully masked: skipped
-          pos.docs = docs.device;
+      for (int qi = 0; qi < static_cast<int>(map.q_segments(me).size()); ++qi)
+        for (int ki = 0; ki < static_cast<int>(map.k_segments(owner).size()); ++ki) {
+          const Segment &qs = map.q_segments(me)[qi], &ks = map.k_segments(owner)[ki];
+          if (!block_visible(block_positions(map, docs.host(), docs.tables.data(), p, me, qi, owner, ki), qs.length,
+                             ks.length, opts))
+            continue;  // fully masked: skipped
+          const kfa::detail::Positions pos = block_positions(map, docs.device, tables.data(), p, me, qi, owner, ki);
           const Segment part{qs.global_begin, qs.length, 0};
           const auto op = seq_slice(o_part, part);
           const auto lp = lse_slice(lse_part, part);

@@ -80,9 +80,11 @@ inline long bits_of(double x) {
   return b;
 }
 
-/// Shapes and options every rank must agree on, then the shard lengths; returns the global layout.
+/// Shapes and options every rank must agree on, then the shard lengths; returns the global layout (of the
+/// lengths alone, as contiguous, for a variable-length call: its documents fix the rest).
 template <class QV, class KV>
-ShardMap agree_on_shapes(const Ring& ring, const char* fn, const QV& q, const KV& k, const AttentionOptions& opts) {
+ShardMap agree_on_shapes(const Ring& ring, const char* fn, const QV& q, const KV& k, const AttentionOptions& opts,
+                         bool documents = false) {
   using T = typename QV::non_const_value_type;
   check_same_everywhere(
       ring, fn,
@@ -98,7 +100,7 @@ ShardMap agree_on_shapes(const Ring& ring, const char* fn, const QV& q, const KV
   std::vector<long> q_len(ring.size()), k_len(ring.size());
   for (int r = 0; r < ring.size(); ++r) q_len[r] = all[2 * r], k_len[r] = all[2 * r + 1];
   ShardMap map;
-  collective_check(ring, fn, [&] { map = ShardMap(ring.layout(), q_len, k_len); });
+  collective_check(ring, fn, [&] { map = ShardMap(documents ? Layout::contiguous : ring.layout(), q_len, k_len); });
   return map;
 }
 
@@ -149,35 +151,83 @@ void single_rank(const ExecSpace& space, const Ring& ring, const char* fn, RingS
 
 /// The documents of a variable-length ring call: cu_seqlens over the whole packed sequence (the same on every
 /// rank), on the host for the ring's own decisions and where the kernels read them. count = 0: one sequence.
+/// Over a map of documents (zigzag), `tables` holds what a block's kernels need to know of its documents:
+/// their lengths, and per rank and segment where its pieces lie (document_tables); one copy of it goes where
+/// the kernels run.
 struct RingDocuments {
   std::vector<int> cu_q, cu_k;
   kfa::detail::Documents device;
+  std::vector<int> tables;
   kfa::detail::Documents host() const { return {cu_q.data(), cu_k.data(), device.count}; }
 };
 
-/// Positions of a (query segment, key segment) block (with `docs`, host-side), and whether any query of it may
-/// see any key (exact for one sequence; with documents, false only where no document has both).
-inline bool block_visible(const Segment& qs, const Segment& ks, const ShardMap& map, const AttentionOptions& opts,
-                          const kfa::detail::Documents& docs, kfa::detail::Positions& pos) {
-  pos = {qs.global_begin, ks.global_begin, map.q_total(), map.k_total(), docs};
-  if (qs.length == 0 || ks.length == 0) return false;
-  const kfa::detail::KeyMask mask(qs.length, ks.length, pos, opts.causal, opts.window_left, opts.window_right);
-  return mask.key_begin(0) < mask.key_end(qs.length);
+/// The tables of a map over documents: len_q and len_k (a document's whole length, count each), then for
+/// each rank and segment its queries' prefix sums (count + 1) and the position in its document of each
+/// piece's first token (count), then the same of the keys.
+inline std::vector<int> document_tables(const ShardMap& map, const std::vector<int>& cu_q, const std::vector<int>& cu_k,
+                                        int p) {
+  const int n = map.documents();
+  std::vector<int> t;
+  if (n == 0) return t;
+  for (const std::vector<int>* cu : {&cu_q, &cu_k})
+    for (int s = 0; s < n; ++s) t.push_back((*cu)[s + 1] - (*cu)[s]);
+  for (const bool keys : {false, true})
+    for (int r = 0; r < p; ++r)
+      for (int seg = 0; seg < 2; ++seg) {
+        const std::vector<Segment> pieces = keys ? map.k_pieces(r, seg) : map.q_pieces(r, seg);
+        const std::vector<int>& cu = keys ? cu_k : cu_q;
+        int local = 0;
+        t.push_back(0);
+        for (const Segment& x : pieces) t.push_back(local += static_cast<int>(x.length));
+        for (int s = 0; s < n; ++s) t.push_back(static_cast<int>(pieces[s].global_begin - cu[s]));
+      }
+  return t;
+}
+
+/// A copy of docs.tables in memory space Mem (empty without tables).
+template <class Mem>
+Kokkos::View<const int*, Mem> document_tables_in(const RingDocuments& docs) {
+  Kokkos::View<int*, Mem> t("kfa::dist::documents", docs.tables.size());
+  Kokkos::deep_copy(
+      t, Kokkos::View<const int*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(docs.tables.data(), docs.tables.size()));
+  return t;
+}
+
+/// The positions of the block (rank qr's query segment qi, rank kr's key segment ki): `whole` are the
+/// documents of the stream and `tables` the document_tables, where the reader of the positions reads them.
+inline kfa::detail::Positions block_positions(const ShardMap& map, const kfa::detail::Documents& whole,
+                                              const int* tables, int p, int qr, int qi, int kr, int ki) {
+  const Segment &qs = map.q_segments(qr)[qi], &ks = map.k_segments(kr)[ki];
+  const int n = map.documents();
+  if (n == 0) return {qs.global_begin, ks.global_begin, map.q_total(), map.k_total(), whole};
+  const int* q = tables + 2 * n + (2 * qr + qi) * (2 * n + 1);
+  const int* k = tables + 2 * n + (2 * p + 2 * kr + ki) * (2 * n + 1);
+  return {0, 0, map.q_total(), map.k_total(), {q, k, n, q + n + 1, k + n + 1, tables, tables + n}};
+}
+
+/// Whether any query of a block of nq queries and nk keys at `pos` may see any key (exact for one sequence;
+/// with documents, false only where no document has both). Reads `pos` on the host.
+inline bool block_visible(const kfa::detail::Positions& pos, long nq, long nk, const AttentionOptions& opts) {
+  if (nq == 0 || nk == 0) return false;
+  const kfa::detail::KeyMask mask(nq, nk, pos, opts.causal, opts.window_left, opts.window_right);
+  return mask.key_begin(0) < mask.key_end(nq);
 }
 
 /// The last ring step at which any rank sees any key of the shard visiting it. Beyond it (a sliding window
 /// shorter than the ring, say) every block is masked, so the ring stops there and exchanges nothing more.
 /// Every rank computes the same answer from the shared shard map, without communicating.
-inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, const kfa::detail::Documents& docs,
-                            int p) {
+inline int last_needed_step(const ShardMap& map, const AttentionOptions& opts, const RingDocuments& docs, int p) {
   int last = 0;
   for (int s = 1; s < p; ++s)
-    for (int r = 0; r < p && last < s; ++r)
-      for (const Segment& qs : map.q_segments(r))
-        for (const Segment& ks : map.k_segments((r - s + p) % p)) {
-          kfa::detail::Positions pos;
-          if (block_visible(qs, ks, map, opts, docs, pos)) last = s;
+    for (int r = 0; r < p && last < s; ++r) {
+      const int kr = (r - s + p) % p;
+      for (std::size_t qi = 0; qi < map.q_segments(r).size(); ++qi)
+        for (std::size_t ki = 0; ki < map.k_segments(kr).size(); ++ki) {
+          const kfa::detail::Positions pos = block_positions(map, docs.host(), docs.tables.data(), p, r,
+                                                             static_cast<int>(qi), kr, static_cast<int>(ki));
+          if (block_visible(pos, map.q_segments(r)[qi].length, map.k_segments(kr)[ki].length, opts)) last = s;
         }
+    }
   return last;
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 /// kfa::dist ring attention over packed variable-length sequences: the packed token stream of
-/// attention_forward_varlen sharded over the ranks in ring.layout() (contiguous runs, or the zigzag's two
-/// chunks per rank), cu_seqlens over the whole stream on every rank. The ring runs as for one sequence; each
-/// block carries the documents (kfa::detail::Positions::docs), so no query sees a key of another sequence and
-/// every mask applies per sequence, and blocks in which no sequence has both queries and keys are skipped.
+/// attention_forward_varlen sharded over the ranks as kfa::dist::document_shard cuts it in ring.layout()
+/// (contiguous runs of the stream, or every document in 2P zigzag chunks), cu_seqlens over the whole stream
+/// on every rank. The ring runs as for one sequence; each block carries its documents
+/// (kfa::detail::Positions::docs, with where each document's pieces lie for the zigzag), so no query sees a
+/// key of another sequence and every mask applies per sequence, and blocks in which no sequence has both
+/// queries and keys are skipped.
 #include <kfa/attention.hpp>
 #include <kfa/detail/common/packed.hpp>
 #include <kfa/distributed/ring/backward.hpp>
@@ -19,9 +21,10 @@ namespace dist {
 namespace detail {
 
 /// Checks cu_seqlens on every rank against the shard map's totals and the longest lengths, agrees that they
-/// are the same everywhere, and returns them for the ring. Collective.
+/// are the same everywhere, and returns them for the ring; `map` (of the ranks' lengths) becomes the map over
+/// the documents (document_shard) that the ranks' shards must fit. Collective.
 template <class CQ, class CK>
-RingDocuments agree_on_documents(const Ring& ring, const char* fn, const ShardMap& map, const CQ& cu_q, const CK& cu_k,
+RingDocuments agree_on_documents(const Ring& ring, const char* fn, ShardMap& map, const CQ& cu_q, const CK& cu_k,
                                  long max_seqlen_q, long max_seqlen_k) {
   RingDocuments docs;
   collective_check(ring, fn, [&] {
@@ -38,14 +41,19 @@ RingDocuments agree_on_documents(const Ring& ring, const char* fn, const ShardMa
     for (int x : *a) h = (h ^ static_cast<std::uint32_t>(x)) * 1099511628211ull;
   check_same_everywhere(ring, fn, {static_cast<long>(docs.cu_q.size()), static_cast<long>(h >> 1)},
                         {"cu_seqlens_q.extent(0)", "the contents of cu_seqlens_q and cu_seqlens_k"});
+  std::vector<long> q_len(ring.size()), k_len(ring.size());
+  for (int r = 0; r < ring.size(); ++r) q_len[r] = map.q_length(r), k_len[r] = map.k_length(r);
+  collective_check(ring, fn, [&] { map = ShardMap(ring.layout(), docs.cu_q, docs.cu_k, q_len, k_len); });
+  docs.tables = document_tables(map, docs.cu_q, docs.cu_k, ring.size());
   return docs;
 }
 
 }  // namespace detail
 
-/// Ring attention forward over packed variable-length sequences. Each rank passes its shard (ring.layout() of
-/// the packed token stream) of q [n_q(rank), heads_q, d] and of k, v [n_k(rank), heads_kv, d], and cu_seqlens_q,
-/// cu_seqlens_k (int32, batch + 1 entries) and the longest lengths of the whole batch, the same on every rank;
+/// Ring attention forward over packed variable-length sequences. Each rank passes its shard (document_shard in
+/// ring.layout(): of the queries' stream by cu_seqlens_q, of the keys' by cu_seqlens_k) of q [n_q(rank),
+/// heads_q, d] and of k, v [n_k(rank), heads_kv, d], and cu_seqlens_q, cu_seqlens_k (int32, batch + 1
+/// entries) and the longest lengths of the whole batch, the same on every rank;
 /// gets its shard of o and lse [heads_q, n_q(rank)]: equal to attention_forward_varlen on the gathered tensors
 /// up to rounding. Collective; a bad argument on any rank throws the same kfa::Error on all. Synchronous.
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV, class CQ, class CK>
@@ -68,7 +76,7 @@ void ring_attention_forward_varlen(const ExecSpace& space, const Ring& ring, con
     kfa::detail::check_packed_lse(fn, lse, q);
     kfa::detail::check_forward(fn, q4, k4, v4, o4, lse3, opts);
   });
-  const ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts);
+  ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(ring, fn, map, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   detail::ring_forward(fn, space, ring, map, docs, q4, k4, v4, o4, lse3, opts, stats);
@@ -103,7 +111,7 @@ void ring_attention_backward_varlen(const ExecSpace& space, const Ring& ring, co
     kfa::detail::check_packed_like(fn, "dv", dv, "k", k);
     kfa::detail::check_backward(fn, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts);
   });
-  const ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts);
+  ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(ring, fn, map, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   detail::ring_backward(fn, space, ring, map, docs, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts, stats);
