@@ -12,17 +12,14 @@ namespace detail {
 /// another document. Pointers into memory the kernels' execution space reads (count + 1 entries each,
 /// validated on the host before any launch); count = 0 is a fixed-length call.
 /// A shard of the documents (kfa::dist's zigzag: each document cut into chunks spread over the ranks) says
-/// where its part of each document lies in it: document s's queries here are the tokens
-/// [at_q[s], at_q[s] + cu_q[s+1] − cu_q[s]) of the document's len_q[s] (keys likewise, at_k and len_k); null
-/// (the default): whole documents, at 0.
+/// where its part of each document lies in it (sharded = 1): then cu_q holds, after its count + 1 bounds,
+/// len_q[s] − at_q[s] for each document s (count): its whole length less the position in it of its first
+/// query here; cu_k likewise. Otherwise (the default) the documents are whole (at 0, lengths from the bounds).
 struct Documents {
   const int* cu_q = nullptr;
   const int* cu_k = nullptr;
   int count = 0;
-  const int* at_q = nullptr;
-  const int* at_k = nullptr;
-  const int* len_q = nullptr;
-  const int* len_k = nullptr;
+  int sharded = 0;
 };
 
 /// Where a block of queries and keys sits in the whole sequence: the global position of its first query
@@ -44,8 +41,8 @@ struct Positions {
 /// With documents (varlen), the same rule holds inside each document, on the document's own positions and
 /// lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
 /// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
-/// ring shard's segment otherwise). A shard of the documents (at_q, at_k) holds one contiguous piece of each:
-/// its rows and keys sit at at_q[s] and at_k[s] of document s, whose own lengths fix the alignment. Every
+/// ring shard's segment otherwise). A shard of the documents (sharded) holds one contiguous piece of each: its
+/// rows and keys sit where the tables say in document s, whose own lengths fix the alignment. Every
 /// kernel family asks only the functions below which keys a row, a
 /// block of rows or a key sees, so this is the one place variable-length batches reach the kernels: each
 /// row's visible keys stay one range, and the ranges' ends grow with the row across documents too, so a
@@ -91,17 +88,14 @@ struct KeyMask {
     return lo;
   }
   KOKKOS_INLINE_FUNCTION static long clamp(long x, long lo, long hi) { return x < lo ? lo : (x > hi ? hi : x); }
-  /// Document s's length and the position in it of its first query (key) here.
-  KOKKOS_INLINE_FUNCTION long doc_len_q(int s) const {
-    return docs.len_q ? docs.len_q[s] : docs.cu_q[s + 1] - docs.cu_q[s];
+  /// Where document s's keys sit against its queries here: key position (counted from its first key here) =
+  /// query position (from its first query here) + shift sees the key on the diagonal: len_k − len_q (bottom-
+  /// right alignment in the document) + at_q − at_k (where the pieces sit in it). Written so that whole and
+  /// sharded documents take the same loads and no branch (the kernels' registers).
+  KOKKOS_INLINE_FUNCTION long doc_shift(int s) const {
+    const int *q = docs.cu_q, *k = docs.cu_k, whole = 1 - docs.sharded, at = s + 1 + docs.sharded * docs.count;
+    return (k[at] - whole * k[s]) - (q[at] - whole * q[s]);
   }
-  KOKKOS_INLINE_FUNCTION long doc_len_k(int s) const {
-    return docs.len_k ? docs.len_k[s] : docs.cu_k[s + 1] - docs.cu_k[s];
-  }
-  KOKKOS_INLINE_FUNCTION long doc_at_q(int s) const { return docs.at_q ? docs.at_q[s] : 0; }
-  KOKKOS_INLINE_FUNCTION long doc_at_k(int s) const { return docs.at_k ? docs.at_k[s] : 0; }
-  /// Bottom-right alignment of document s, on its own positions.
-  KOKKOS_INLINE_FUNCTION long doc_offset(int s) const { return doc_len_k(s) - doc_len_q(s); }
 
   /// The mask a kernel applies to the rows [i_begin, i_end) of its block (query-block kernels call it once per
   /// block): where they lie in one document, the same mask without documents, bounded to that document's keys
@@ -123,7 +117,7 @@ struct KeyMask {
     const long k0 = docs.cu_k[s] - k_begin, k1 = docs.cu_k[s + 1] - k_begin;
     KeyMask m;
     m.left = left, m.right = right;
-    m.offset = k0 - q0 + doc_at_q(s) - doc_at_k(s) + doc_offset(s);  // bottom-right alignment in the document
+    m.offset = k0 - q0 + doc_shift(s);  // bottom-right alignment in the document
     m.seq_k = k1 < seq_k ? k1 : seq_k;
     m.key_lo = k0 > 0 ? k0 : 0;
     m.q_lo = q0 > 0 ? q0 : 0;
@@ -141,10 +135,10 @@ struct KeyMask {
       if (last > seq_k - 1) last = seq_k - 1;
       return;
     }
-    // On the document's positions: row i is query pi, its keys here are [at_k, at_k + nk).
+    // pi: the key on row i's diagonal, counted from the document's first key here (nk of them).
     const int s = document_of(docs.cu_q, q_begin + i);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nk = docs.cu_k[s + 1] - k0, pi = q_begin + i - q0 + doc_at_q(s) + doc_offset(s) - doc_at_k(s);
+    const long nk = docs.cu_k[s + 1] - k0, pi = q_begin + i - q0 + doc_shift(s);
     first = k0 - k_begin + (left < 0 ? 0 : clamp(pi - left, 0, nk));
     last = k0 - k_begin + (right < 0 ? nk - 1 : clamp(pi + right, -1, nk - 1));
     if (first < 0) first = 0;  // keys before or after this block's
@@ -162,7 +156,7 @@ struct KeyMask {
     }
     const int s = document_of(docs.cu_k, k_begin + j);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nq = docs.cu_q[s + 1] - q0, pj = k_begin + j - k0 + doc_at_k(s) - doc_offset(s) - doc_at_q(s);
+    const long nq = docs.cu_q[s + 1] - q0, pj = k_begin + j - k0 - doc_shift(s);
     first = q0 - q_begin + (right < 0 ? 0 : clamp(pj - right, 0, nq));
     last = q0 - q_begin + (left < 0 ? nq - 1 : clamp(pj + left, -1, nq - 1));
     if (first < 0) first = 0;  // queries before or after this block's
@@ -226,7 +220,7 @@ struct KeyMask {
     const long q0 = docs.cu_q[s] - q_begin, k0 = docs.cu_k[s] - k_begin;
     const long q1 = docs.cu_q[s + 1] - q_begin, k1 = docs.cu_k[s + 1] - k_begin;
     if (i_end > q1 || j_begin < k0 || j_end > k1 || j_end > seq_k) return false;  // another document's rows or keys
-    const long off = doc_at_q(s) - doc_at_k(s) + doc_offset(s);
+    const long off = doc_shift(s);
     return (left < 0 || j_begin - k0 >= (i_end - 1 - q0) + off - left) &&
            (right < 0 || j_end - 1 - k0 <= (i_begin - q0) + off + right);
   }

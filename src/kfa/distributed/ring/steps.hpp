@@ -161,16 +161,14 @@ struct RingDocuments {
   kfa::detail::Documents host() const { return {cu_q.data(), cu_k.data(), device.count}; }
 };
 
-/// The tables of a map over documents: len_q and len_k (a document's whole length, count each), then for
-/// each rank and segment its queries' prefix sums (count + 1) and the position in its document of each
-/// piece's first token (count), then the same of the keys.
+/// The tables of a map over documents: for each rank and segment its queries' table as a sharded
+/// kfa::detail::Documents reads it (count + 1 prefix sums of the pieces, then for each document its length
+/// less the position in it of its piece's first token), then the same of the keys.
 inline std::vector<int> document_tables(const ShardMap& map, const std::vector<int>& cu_q, const std::vector<int>& cu_k,
                                         int p) {
   const int n = map.documents();
   std::vector<int> t;
   if (n == 0) return t;
-  for (const std::vector<int>* cu : {&cu_q, &cu_k})
-    for (int s = 0; s < n; ++s) t.push_back((*cu)[s + 1] - (*cu)[s]);
   for (const bool keys : {false, true})
     for (int r = 0; r < p; ++r)
       for (int seg = 0; seg < 2; ++seg) {
@@ -179,7 +177,7 @@ inline std::vector<int> document_tables(const ShardMap& map, const std::vector<i
         int local = 0;
         t.push_back(0);
         for (const Segment& x : pieces) t.push_back(local += static_cast<int>(x.length));
-        for (int s = 0; s < n; ++s) t.push_back(static_cast<int>(pieces[s].global_begin - cu[s]));
+        for (int s = 0; s < n; ++s) t.push_back(cu[s + 1] - static_cast<int>(pieces[s].global_begin));
       }
   return t;
 }
@@ -200,9 +198,9 @@ inline kfa::detail::Positions block_positions(const ShardMap& map, const kfa::de
   const Segment &qs = map.q_segments(qr)[qi], &ks = map.k_segments(kr)[ki];
   const int n = map.documents();
   if (n == 0) return {qs.global_begin, ks.global_begin, map.q_total(), map.k_total(), whole};
-  const int* q = tables + 2 * n + (2 * qr + qi) * (2 * n + 1);
-  const int* k = tables + 2 * n + (2 * p + 2 * kr + ki) * (2 * n + 1);
-  return {0, 0, map.q_total(), map.k_total(), {q, k, n, q + n + 1, k + n + 1, tables, tables + n}};
+  const int* q = tables + (2 * qr + qi) * (2 * n + 1);
+  const int* k = tables + (2 * p + 2 * kr + ki) * (2 * n + 1);
+  return {0, 0, map.q_total(), map.k_total(), {q, k, n, 1}};
 }
 
 /// Whether any query of a block of nq queries and nk keys at `pos` may see any key (exact for one sequence;
