@@ -194,6 +194,8 @@ def row(runs, p, seq, causal, layout, a):
         if (k.endswith("_s") or k == "communication_hidden") and k not in r and isinstance(v, (int, float)) \
                 and not isinstance(v, bool):
             r[k] = v
+    if a.doc_lognormal:  # the mix this row ran: the app's count of documents and its longest
+        r["documents"], r["longest_document"] = m.get("documents"), m.get("longest_document")
     r["memory_high_water_mib"] = m["memory_high_water_mib"]
     r["other_cores_busy"] = m["other_cores_busy"]
     return r
@@ -327,7 +329,8 @@ def main():
                    kfa_extra_mib=mem[r["seq"]][0] if r["seq"] in mem else "",
                    reference_extra_mib=mem[r["seq"]][1] if r["seq"] in mem else "") for r in one]
     speed = [{k: r[k] for k in ("seq", "dtype", "causal", "batch", "heads", "head_dim", "reps", "compute_s", "compute_s_min",
-                                "compute_s_max", "tflops", "tflops_min", "tflops_max")} for r in one]
+                                "compute_s_max", "tflops", "tflops_min", "tflops_max", "documents", "longest_document")
+              if k in r} for r in one]
     for name, rows in (("strong", strong), ("weak", weak), ("causal", causal), ("memory", memory), ("speed", speed)):
         if rows:
             write_csv(os.path.join(a.out, name + ".csv"), rows)

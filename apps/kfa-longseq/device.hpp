@@ -62,7 +62,7 @@ void generate_shard(const Tensor<T>& x, const Shard& s, std::uint64_t seed, int 
 /// The global row-major index ([batch, seq, heads, d]) of the first NaN or ±Inf element (as float64) of x
 /// [batch, n, heads, d], this rank's shard, or -1. Blocks.
 template <class T>
-long long first_nonfinite_local(const Tensor<T>& x, const Shard& s) {
+long long first_nonfinite_in_shard(const Tensor<T>& x, const Shard& s) {
   if (x.size() == 0) return -1;
   const T* const p = x.data();
   const auto global = global_positions(s);

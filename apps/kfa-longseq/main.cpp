@@ -346,7 +346,7 @@ InputTimes load_inputs(const Config& c, const Shard& s, Input& in, Tensors<T>& t
 // d], the smallest over the ranks; "" when none. Collective.
 template <class T>
 std::string first_nonfinite(const Shard& s, const Tensor<T>& x, MPI_Comm comm) {
-  const long long heads = static_cast<long long>(x.extent(2)), f = first_nonfinite_local(x, s);
+  const long long heads = static_cast<long long>(x.extent(2)), f = first_nonfinite_in_shard(x, s);
   long long best = f >= 0 ? f : LLONG_MAX;
   MPI_Allreduce(MPI_IN_PLACE, &best, 1, MPI_LONG_LONG, MPI_MIN, comm);
   if (best == LLONG_MAX) return "";
@@ -501,6 +501,15 @@ void write_datasets(kfa::io::Writer& w, const Config& c, const Shard& s, const T
   const std::vector<long> od{s.batch, s.seq, s.heads, s.d}, kd{s.batch, s.seq, s.kv_heads, s.d};
   write_tensor<Out>(w, "o", od, s, t.o, comm);
   write_lse<typename std::conditional<std::is_same<Out, double>::value, double, float>::type>(w, s, t.lse);
+  if (!s.documents.empty()) {  // the documents, as the input's: rank 0 writes them
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    const long n = static_cast<long>(s.documents.size());
+    w.write_rows(
+        "cu_seqlens", {n}, 0,
+        rank == 0 ? std::vector<kfa::dist::Segment>{{0, n, 0}} : std::vector<kfa::dist::Segment>{},
+        rank == 0 ? std::vector<std::int64_t>(s.documents.begin(), s.documents.end()) : std::vector<std::int64_t>{});
+  }
   if (c.backward) {
     write_tensor<Out>(w, "dq", od, s, t.dq, comm);
     write_tensor<Out>(w, "dk", kd, s, t.dk, comm);

@@ -83,6 +83,10 @@ def documents_end_to_end(tmp):
         check(worst <= 1e-12, f"{tag}: o, lse, dq, dk, dv equal float64 numpy on each document alone within 1e-12 "
                               f"(worst {worst:.2e})")
         check("documents: 5 packed in 160 tokens, longest 90" in log, f"{tag}: the report gives the documents")
+        with h5py.File(out, "r") as f:
+            cu_out = f["cu_seqlens"][...] if "cu_seqlens" in f else None
+        check(cu_out is not None and cu_out.dtype == np.int64 and np.array_equal(cu_out, cu),
+              f"{tag}: the output holds cu_seqlens (int64) equal to the documents' (got {cu_out})")
         with open(js) as f:
             summary = json.load(f)
         check(summary.get("documents") == 5 and summary.get("longest_document") == 90,

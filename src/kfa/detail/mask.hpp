@@ -41,12 +41,12 @@ struct Positions {
 /// With documents (varlen), the same rule holds inside each document, on the document's own positions and
 /// lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
 /// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
-/// ring shard's segment otherwise). A shard of the documents (sharded) holds one contiguous piece of each: its
-/// rows and keys sit where the tables say in document s, whose own lengths fix the alignment. Every
-/// kernel family asks only the functions below which keys a row, a
-/// block of rows or a key sees, so this is the one place variable-length batches reach the kernels: each
-/// row's visible keys stay one range, and the ranges' ends grow with the row across documents too, so a
-/// block's key range is its first row's first key to its last row's last key, exactly as for one sequence.
+/// ring shard's segment otherwise). Sharded documents hold one contiguous piece of each document, placed in it
+/// as Documents says; the document's own lengths still fix the alignment. Every kernel family asks only the
+/// functions below which keys a row, a block of rows or a key sees, so this is the one place variable-length
+/// batches reach the kernels: each row's visible keys stay one range, and the ranges' ends grow with the row
+/// across documents too, so a block's key range is its first row's first key to its last row's last key,
+/// exactly as for one sequence.
 /// Kernels resolve their block once (for_rows / for_keys), so that a block inside one document costs what a
 /// fixed-length block does.
 struct KeyMask {

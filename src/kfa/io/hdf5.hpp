@@ -854,7 +854,8 @@ class Writer {
   Writer& operator=(const Writer&) = delete;
 
   /// Writes the rows `mine` (along `seq_dim`; any number of segments, in any order) of dataset `name` with
-  /// global `dims`, from `rows` laid out as their local_begin say. Stored as float64 or float32 like T. Collective.
+  /// global `dims`, from `rows` laid out as their local_begin say. Stored as float64, float32 or int64 like T.
+  /// Collective.
   template <class T>
   void write_rows(const std::string& name, const std::vector<long>& dims, int seq_dim,
                   const std::vector<kfa::dist::Segment>& mine, const std::vector<T>& rows) {
@@ -863,7 +864,12 @@ class Writer {
     const std::vector<T> moved =
         detail::same_places(places, mine) ? std::vector<T>() : detail::moved_rows(rows, dims, seq_dim, mine, places);
     const std::vector<T>& data = moved.empty() ? rows : moved;
-    const hid_t type = std::is_same<T, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+    static_assert(
+        std::is_same<T, double>::value || std::is_same<T, float>::value || std::is_same<T, std::int64_t>::value,
+        "write_rows stores float64, float32 or int64");
+    const hid_t type = std::is_same<T, double>::value  ? H5T_NATIVE_DOUBLE
+                       : std::is_same<T, float>::value ? H5T_NATIVE_FLOAT
+                                                       : H5T_NATIVE_INT64;
     std::vector<hsize_t> hd(dims.begin(), dims.end());
     std::string err;
 #ifdef KFA_IO_PARALLEL

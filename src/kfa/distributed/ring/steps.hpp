@@ -151,9 +151,9 @@ void single_rank(const ExecSpace& space, const Ring& ring, const char* fn, RingS
 
 /// The documents of a variable-length ring call: cu_seqlens over the whole packed sequence (the same on every
 /// rank), on the host for the ring's own decisions and where the kernels read them. count = 0: one sequence.
-/// Over a map of documents (zigzag), `tables` holds what a block's kernels need to know of its documents:
-/// their lengths, and per rank and segment where its pieces lie (document_tables); one copy of it goes where
-/// the kernels run.
+/// Over a map of documents (zigzag), `tables` holds what a block's kernels need to know of its documents: per
+/// rank and segment the bounds of its pieces and where they sit in their documents (document_tables); one copy
+/// of it goes where the kernels run.
 struct RingDocuments {
   std::vector<int> cu_q, cu_k;
   kfa::detail::Documents device;
