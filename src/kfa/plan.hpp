@@ -25,6 +25,13 @@ struct BackwardPlan {
   /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
   /// tensor-core family); otherwise a separate dQ kernel, bitwise reproducible.
   bool atomic_dq = false;
+  /// dQ computed in the dK/dV pass, no dQ kernel of its own: with atomic_dq, and in the portable family on
+  /// host backends (each team's dQ into a workspace slice of its own, the slices summed in a fixed order, so
+  /// still bitwise reproducible; portable/backward.hpp).
+  bool dq_in_dkdv = false;
+  /// With dq_in_dkdv on host: the teams (chunks of key blocks) per (batch, kv head), each with a dQ workspace
+  /// slice (tiling.hpp, host_backward_chunks); 0 otherwise.
+  int dq_chunks = 0;
   /// dK, dV and dQ from the wgmma kernels (tensor-core family, deterministic, head dim 64 or 128, sm_90a on a
   /// compute capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma); otherwise the
   /// FA2-layout or the 16-keys-per-warp dK/dV kernel and the FA2-layout or TcDqKernel dQ kernel.

@@ -1,11 +1,13 @@
 #pragma once
 /// Tile sizes from the head dimension, the element size and the team scratch budget.
 ///
-/// The forward kernel streams K and V tiles through level-0 team scratch (the fast, small level: 32 KiB
-/// on host backends, about 40 KiB per team on Kokkos CUDA); the Q tile, the O accumulator and the score
-/// tile of the team's query block live in level-1 scratch, the larger per-team level. The key block is
-/// the largest that keeps the K and V tiles within 90 % of level 0; the query block trades reuse of each
-/// K/V tile (larger is better) against having enough teams to fill the machine.
+/// On device backends the forward kernel streams K and V tiles through level-0 team scratch (the fast, small
+/// level: about 40 KiB per team on Kokkos CUDA); the Q tile, the O accumulator and the score tile of the team's
+/// query block live in level-1 scratch, the larger per-team level. The key block is the largest that keeps the
+/// K and V tiles within 90 % of level 0. On host backends both levels are ordinary memory behind the core's
+/// caches, so every tile lives in level 1 and the streamed tiles get detail::host_stream_bytes instead of
+/// Kokkos' 32 KiB level-0 limit. The query block trades reuse of each K/V tile (larger is better) against
+/// having enough teams to fill the machine.
 #include <kfa/compat.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
@@ -63,6 +65,46 @@ constexpr bool is_host_space() {
   return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 }
 
+/// Host backends: bytes for the two streamed tiles of a step (forward: K and V; backward: Q and dO in the
+/// dK/dV pass). The whole team working set (the streamed tiles, the owned tiles, the scores) then stays in
+/// a core's L2 (1-2 MiB on the x86 cores we measure) while a tile product's panels stay in L1: 64 keys at
+/// d = 128 in float, 128 at d <= 64 (the cap), 32 at d = 256.
+constexpr std::size_t host_stream_bytes = 72 * 1024;
+
+/// The scratch level the portable kernels put their streamed tiles in: level 0 on devices, level 1 with the
+/// other tiles on host (see host_stream_bytes).
+template <class ExecSpace>
+constexpr int stream_scratch_level() {
+  return is_host_space<ExecSpace>() ? 1 : 0;
+}
+
+/// The budget for the streamed tiles (see the file comment) and the words for it in errors.
+inline std::size_t stream_budget(bool host, std::size_t l0_max) {
+  return host ? host_stream_bytes : l0_max * 9 / 10;
+}
+inline std::string stream_budget_words(bool host, std::size_t l0_max) {
+  return host ? "the host budget for streamed tiles, " + std::to_string(host_stream_bytes) + " B"
+              : "90% of the backend's " + std::to_string(l0_max) + " B level-0 scratch, " +
+                    std::to_string(l0_max * 9 / 10) + " B";
+}
+
+/// On host both scratch requests are ordinary memory: the streamed tiles move into level 1 (the kernels take
+/// them from stream_scratch_level()).
+inline void host_scratch_in_level1(bool host, TileConfig& t) {
+  if (!host) return;
+  t.scratch_l1 += t.scratch_l0;
+  t.scratch_l0 = 0;
+}
+
+/// Host backward: how many chunks of key blocks the teams of one (batch, kv head) split into. Each chunk is
+/// one team and accumulates its dQ rows in its own workspace slice (chunks x dQ in the accumulation type),
+/// summed in chunk order afterwards: enough chunks that every thread of the backend gets a team, at most
+/// one per key block and at most 16 (the workspace bound). One thread (Serial) always gets one chunk.
+inline int host_backward_chunks(long concurrency, long batch_heads_kv, long n_kblocks) {
+  const long want = (concurrency + batch_heads_kv - 1) / std::max<long>(1, batch_heads_kv);
+  return static_cast<int>(std::max<long>(1, std::min<long>({want, n_kblocks, 16})));
+}
+
 }  // namespace detail
 
 /// The forward kernel's tiles for this execution space, element type and problem. Throws kfa::Error when
@@ -74,8 +116,8 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
   constexpr std::size_t eb = sizeof(Acc);
   TileConfig t;
   t.scratch_l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  const std::size_t budget = t.scratch_l0_max * 9 / 10;
   const bool host = detail::is_host_space<ExecSpace>();
+  const std::size_t budget = detail::stream_budget(host, t.scratch_l0_max);
   t.team_size = host ? 1 : 128;
 
   auto l0_bytes = [&](int bq, int bk) {
@@ -85,8 +127,8 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
     if (opts.block_k % 8 != 0) detail::fail(fn, ": opts.block_k = ", opts.block_k, " is not a multiple of 8");
     if (l0_bytes(8, opts.block_k) > budget)
       detail::fail(fn, ": opts.block_k = ", opts.block_k, " with head_dim = ", head_dim, " needs ",
-                   l0_bytes(8, opts.block_k), " B of level-0 scratch but 90% of the backend's ", t.scratch_l0_max,
-                   " B is ", budget, " B");
+                   l0_bytes(8, opts.block_k), " B for its K and V tiles but the budget is ",
+                   detail::stream_budget_words(host, t.scratch_l0_max));
     t.block_k = opts.block_k;
   } else {
     // Largest multiple of 8 (4 when not even 8 fit) that fits, capped at 128 keys and at the padded seq_k.
@@ -97,8 +139,8 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
       if (bk % 8 == 0 || bk < 8) best = bk;
     }
     if (best == 0)
-      detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 keys in 90% of ",
-                   t.scratch_l0_max, " B level-0 scratch");
+      detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 keys in ",
+                   detail::stream_budget_words(host, t.scratch_l0_max));
     t.block_k = best;
   }
 
@@ -117,6 +159,7 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
   const detail::ForwardScratchLayout lay(t.block_q, t.block_k, head_dim, eb);
   t.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(lay.l0_total);
   t.scratch_l1 = detail::scratch_view_bytes<ExecSpace, Acc>(lay.l1_total);
+  detail::host_scratch_in_level1(host, t);
   return t;
 }
 
@@ -125,10 +168,11 @@ namespace detail {
 /// blocks): level 0 Q[bq][d], dO[bq][d]; level 1 Kᵀ[d][bk], Vᵀ[d][bk], dK[bk][d], dV[bk][d], S[bq][bk],
 /// dP[bq][bk], lse[bq], D[bq]. dQ kernel (one team per query block, streaming key blocks): level 0
 /// K[bk][d], V[bk][d]; level 1 Qᵀ[d][bq], dOᵀ[d][bq], dQ[bq][d], Sᵀ[bk][bq], dPᵀ[bk][bq], lse[bq], D[bq].
+/// The host dK/dV pass with dQ fused in (`rows_a`) also keeps K[bk][d] row-major in level 1.
 struct BackwardScratchLayout {
   std::size_t a, b, l0_total;  // the two streamed tiles
-  std::size_t ta, tb, acc_a, acc_b, s, dp, lse, dd, l1_total;
-  KOKKOS_INLINE_FUNCTION BackwardScratchLayout(int streamed, int owned, int d, std::size_t eb) {
+  std::size_t ta, tb, acc_a, acc_b, s, dp, lse, dd, ra, l1_total;
+  KOKKOS_INLINE_FUNCTION BackwardScratchLayout(int streamed, int owned, int d, std::size_t eb, bool rows_a = false) {
     a = 0;
     b = a + pad_elems(std::size_t(streamed) * d, eb);
     l0_total = b + pad_elems(std::size_t(streamed) * d, eb);
@@ -141,7 +185,8 @@ struct BackwardScratchLayout {
     const std::size_t rows = static_cast<std::size_t>(streamed > owned ? streamed : owned);
     lse = dp + pad_elems(std::size_t(streamed) * owned, eb);
     dd = lse + pad_elems(rows, eb);
-    l1_total = dd + pad_elems(rows, eb);
+    ra = dd + pad_elems(rows, eb);
+    l1_total = ra + (rows_a ? pad_elems(std::size_t(owned) * d, eb) : 0);
   }
 };
 }  // namespace detail
@@ -180,8 +225,8 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
   const char* fn = "kfa::backward_tile_config";
   constexpr std::size_t eb = sizeof(Acc);
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
-  const std::size_t budget = l0_max * 9 / 10;
   const bool host = detail::is_host_space<ExecSpace>();
+  const std::size_t budget = detail::stream_budget(host, l0_max);
   const int team_size = host ? 1 : 128;
   auto l0_bytes = [&](int streamed) {
     return detail::scratch_view_bytes<ExecSpace, Acc>(
@@ -193,8 +238,8 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
       if (override_value % 8 != 0) detail::fail(fn, ": opts.", name, " = ", override_value, " is not a multiple of 8");
       if (l0_bytes(override_value) > budget)
         detail::fail(fn, ": opts.", name, " = ", override_value, " with head_dim = ", head_dim, " needs ",
-                     l0_bytes(override_value), " B of level-0 scratch but 90% of the backend's ", l0_max, " B is ",
-                     budget, " B");
+                     l0_bytes(override_value), " B for its two streamed tiles but the budget is ",
+                     detail::stream_budget_words(host, l0_max));
       return override_value;
     }
     const long cap = std::min<long>(128, std::max<long>(4, (extent + 3) / 4 * 4));
@@ -204,11 +249,12 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
       if (n % 8 == 0 || n < 8) best = n;
     }
     if (best == 0)
-      detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 rows in 90% of ",
-                   l0_max, " B level-0 scratch");
+      detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 rows in ",
+                   detail::stream_budget_words(host, l0_max));
     return best;
   };
-  // Owned block: the override, else 64 shrunk (to 16) while the league would leave threads idle.
+  // Owned block: the override, else 64, on devices shrunk (to 16) while the league would leave threads idle
+  // (the host dK/dV pass fills threads with chunks of key blocks instead: host_backward_chunks).
   auto owned = [&](int override_value, const char* name, long extent, long batch_heads) {
     if (override_value > 0) {
       if (override_value % 8 != 0) detail::fail(fn, ": opts.", name, " = ", override_value, " is not a multiple of 8");
@@ -216,7 +262,7 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
     }
     const long want = 4L * static_cast<long>(space.concurrency()) / team_size;
     int n = static_cast<int>(std::min<long>(64, std::max<long>(8, (extent + 7) / 8 * 8)));
-    while (n > 16 && batch_heads * ((extent + n - 1) / n) < want) n = std::max(16, (n / 2 + 7) / 8 * 8);
+    while (!host && n > 16 && batch_heads * ((extent + n - 1) / n) < want) n = std::max(16, (n / 2 + 7) / 8 * 8);
     return n;
   };
   BackwardTileConfig t;
@@ -228,12 +274,14 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
   t.dkdv.block_k = owned(opts.block_k, "block_k", seq_k, batch_heads_kv);
   t.dq.block_k = streamed(opts.block_k, "block_k", seq_k);
   t.dq.block_q = owned(opts.block_q, "block_q", seq_q, batch_heads_q);
-  const detail::BackwardScratchLayout a(t.dkdv.block_q, t.dkdv.block_k, head_dim, eb);
+  const detail::BackwardScratchLayout a(t.dkdv.block_q, t.dkdv.block_k, head_dim, eb, host);
   const detail::BackwardScratchLayout b(t.dq.block_k, t.dq.block_q, head_dim, eb);
   t.dkdv.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(a.l0_total);
   t.dkdv.scratch_l1 = detail::scratch_view_bytes<ExecSpace, Acc>(a.l1_total);
   t.dq.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(b.l0_total);
   t.dq.scratch_l1 = detail::scratch_view_bytes<ExecSpace, Acc>(b.l1_total);
+  detail::host_scratch_in_level1(host, t.dkdv);
+  detail::host_scratch_in_level1(host, t.dq);
   return t;
 }
 

@@ -1,5 +1,7 @@
 // attention_backward against the tests' float64 gradients (materialized formulas), those formulas against
 // central finite differences, and the library's own properties: determinism, masks, GQA, layouts, errors.
+#include <kfa/detail/dispatch.hpp>
+
 #include "../common/kfa_test.hpp"
 
 using namespace kfa_test;
@@ -180,6 +182,74 @@ TYPED_TEST(Backward, BitwiseDeterministic) {
   EXPECT_TRUE(same(p.dq, dq2));
   EXPECT_TRUE(same(p.dk, dk2));
   EXPECT_TRUE(same(p.dv, dv2));
+}
+
+// Host backends compute dQ in the dK/dV pass, each team (a chunk of key blocks) into a workspace slice of its
+// own, the slices summed in chunk order; the chunk count follows the thread count (one on one thread). Every
+// count must give the float64 gradients, the same bits on a second run, and one chunk the public call's bits.
+TYPED_TEST(Backward, HostDqChunks) {
+  using T = TypeParam;
+  if constexpr (!kfa::detail::is_host_space<Exec>() || sizeof(T) == 0) {
+    GTEST_SKIP() << "host backends only";
+  } else {
+    struct Case {
+      Shape s;
+      RefOptions ro;
+    };
+    for (const Case& cs : {Case{{2, 200, 230, 4, 2, 64}, RefOptions{0, true, -1, -1, 0}},
+                           Case{{1, 301, 170, 3, 1, 32}, RefOptions{0, false, 40, 7, 0}},
+                           Case{{1, 97, 130, 2, 2, 16}, RefOptions{0, false, -1, -1, 3.0}}}) {
+      const std::uint64_t seed = fresh_seed();
+      SCOPED_TRACE(describe(cs.s, cs.ro, seed));
+      std::mt19937_64 rng(seed);
+      Problem<T> p(cs.s, rng);
+      const kfa::AttentionOptions opts = to_kfa(cs.ro);
+      p.run(opts);
+      std::vector<double> rdq, rdk, rdv;
+      reference_backward64(cs.s, cs.ro, p.qh, p.kh, p.vh, p.doh, rdq, rdk, rdv);
+      const Shape& s = cs.s;
+      Tensor<T> dq("dq", s.batch, s.seq_q, s.heads_q, s.head_dim), dk("dk", s.batch, s.seq_k, s.heads_kv, s.head_dim),
+          dv("dv", s.batch, s.seq_k, s.heads_kv, s.head_dim);
+      const auto c = kfa::detail::backward_call("HostDqChunks", Exec(), p.q, p.k, p.v, p.d_o, dq, dk, dv, opts);
+      kfa::BackwardPlan plan = kfa::detail::backward_plan("HostDqChunks", c);
+      ASSERT_TRUE(plan.dq_in_dkdv) << plan.region;
+      ASSERT_GE(plan.dq_chunks, 1) << plan.region;
+      const auto dd = kfa::detail::backward_row_dot(Exec(), p.o, p.d_o);
+      using Acc = kfa::accumulator_t<T>;
+      const kfa::detail::KeyMask mask(s.seq_q, s.seq_k, kfa::detail::Positions{}, opts.causal, opts.window_left,
+                                      opts.window_right);
+      const Acc scale = static_cast<Acc>(1.0 / std::sqrt(double(s.head_dim)));
+      const auto args = kfa::detail::backward_args(c.q, c.k, c.v, c.d_o,
+                                                   kfa::detail::canonical_in_t<Kokkos::LayoutRight, Lse<T>>(p.lse), dd,
+                                                   c.dq, c.dk, c.dv, scale, static_cast<Acc>(opts.softcap), mask);
+      auto bits = [](const Tensor<T>& x) {
+        const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+        return std::vector<T>(h.data(), h.data() + h.size());
+      };
+      for (int chunks : {1, 2, 3, 7}) {
+        SCOPED_TRACE("chunks " + std::to_string(chunks));
+        plan.dq_chunks = chunks;
+        std::vector<T> first;
+        for (int run = 0; run < 2; ++run) {
+          poison(dq), poison(dk), poison(dv);
+          kfa::detail::PortableBackwardFamily::launch(c, args, plan, kfa::detail::BackwardParts::all);
+          Exec().fence();
+          EXPECT_TRUE(close_frobenius(to_doubles4(dq), rdq, tolerance<T>())) << "dq";
+          EXPECT_TRUE(close_frobenius(to_doubles4(dk), rdk, tolerance<T>())) << "dk";
+          EXPECT_TRUE(close_frobenius(to_doubles4(dv), rdv, tolerance<T>())) << "dv";
+          if (run == 0)
+            first = bits(dq);
+          else
+            EXPECT_TRUE(first == bits(dq)) << "dq differs between two runs";
+        }
+        if (chunks == 1) {
+          EXPECT_TRUE(bits(dq) == bits(p.dq)) << "one chunk: not the public call's dq";
+          EXPECT_TRUE(bits(dk) == bits(p.dk)) << "dk";
+          EXPECT_TRUE(bits(dv) == bits(p.dv)) << "dv";
+        }
+      }
+    }
+  }
 }
 
 #if KFA_HAVE_KOKKOS_KERNELS  // kfa::reference_attention_backward needs Kokkos Kernels

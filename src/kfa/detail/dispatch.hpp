@@ -294,7 +294,7 @@ struct TensorCoreBackwardFamily {  // 16-bit, sm_80+: wgmma (sm_90a), FA2-layout
   static void plan(const C& c, BackwardPlan& plan) {
     const Kernels kn = kernels(c);
     const auto l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<typename C::exec_space>());
-    plan.atomic_dq = kn.fused;
+    plan.atomic_dq = plan.dq_in_dkdv = kn.fused;
     plan.wgmma = kn.wgmma;
     plan.fa2_dkdv = kn.fa2 && !kn.wgmma;
     plan.fa2_dq = kn.fa2_dq && !kn.wgmma;
@@ -547,9 +547,10 @@ BackwardPlan backward_plan(const char* fn, const Call& c) {
   plan.family = choose_family<BackwardFamilies>(fn, c, asked, shown);
   with_family<BackwardFamilies>(plan.family, [&](auto family) { decltype(family)::plan(c, plan); });
   plan.region = std::string(fn) + "[" + to_string(plan.family) +
-                (plan.atomic_dq ? ",atomic_dq,"
-                 : plan.wgmma   ? ",wgmma,"
-                                : ",") +
+                (plan.atomic_dq    ? ",atomic_dq,"
+                 : plan.dq_in_dkdv ? ",dq_in_dkdv,"
+                 : plan.wgmma      ? ",wgmma,"
+                                   : ",") +
                 dtype_name<typename Call::T>() + ",d" + std::to_string(c.d) + "," + to_string(plan.tiles) + "]";
   return plan;
 }
@@ -560,7 +561,7 @@ bool backward_run(const Call& c, const LV& lse, const DD& dd, const Positions& p
   using T = typename Call::T;
   const BackwardPlan plan = backward_plan(c.fn, c);
   compat::ScopedRegion region(plan.region);
-  const bool dq_with_dkdv = plan.family == TileProductPath::tensor_core && plan.atomic_dq;
+  const bool dq_with_dkdv = plan.dq_in_dkdv;
   const bool wrote_dq = parts == BackwardParts::all || (parts == BackwardParts::dkdv) == dq_with_dkdv;
   const auto& opts = c.opts;
   const int batch = static_cast<int>(c.q.extent(0)), nq = static_cast<int>(c.q.extent(1));

@@ -1,14 +1,16 @@
 #pragma once
 /// portable/backward.hpp: the portable family's backward, Kokkos team kernels for every backend.
-/// FlashAttention-2 backward by recomputation. Three launches, no atomics, so results are bitwise
-/// reproducible:
+/// FlashAttention-2 backward by recomputation, no atomics, so results are bitwise reproducible:
 ///   1. D = rowsum(dO ∘ O) per query row;
 ///   2. one team per (batch, kv head, key block): for every query head of the group (in order) and every
 ///      visible query block, recompute S = Q·Kᵀ and P = exp(S − LSE), then dV += Pᵀ·dO, dP = dO·Vᵀ,
 ///      dS = P ∘ (dP − D), dK += dSᵀ·Q — dK and dV stay in the team until written once;
-///   3. one team per (batch, query head, query block): the same recomputation over the visible key blocks,
-///      dQ += dS·K. (FA2 folds this into launch 2 with atomics; we pay two extra tile products for
-///      determinism.)
+///   3. devices: one team per (batch, query head, query block): the same recomputation over the visible key
+///      blocks, dQ += dS·K (FA2 folds this into launch 2 with atomics; we pay two extra tile products for
+///      determinism). Host backends: launch 2 also does dQ += dS·K (five products, FA2's count), each team
+///      owning a chunk of key blocks (every chunks-th) and its own dQ workspace slice; launch 3 sums the
+///      slices in chunk order (DqChunkSum). With one chunk per (batch, kv head), as on one thread, that is
+///      the key blocks' order, as in the device dQ kernel.
 /// Q is pre-scaled, so dK = dSᵀ·(scale·Q) and dQ = scale·dS·K. With softcap, dS picks up 1 − tanh².
 /// A row whose LSE is −inf saw no key: its P row is 0, so it contributes nothing.
 #include <kfa/detail/common/fast_exp.hpp>
@@ -25,7 +27,9 @@
 namespace kfa {
 namespace detail {
 
-template <class ExecSpace, class Args>
+/// FuseDq (host backends): dQ += dS·K too, into `dq_ws` [chunks][batch][seq_q + block_q][heads_q][d] (the
+/// rows past seq_q take the zero dS of a partial query block), one team per (batch, kv head, chunk).
+template <class ExecSpace, class Args, bool FuseDq = false>
 struct DkDvKernel {
   using QV = typename Args::q_type;
   using KV = typename Args::k_type;
@@ -52,8 +56,20 @@ struct DkDvKernel {
   Acc scale, softcap;
   KeyMask mask;
   BackwardScratchLayout lay;
+  int chunks = 1;        // FuseDq: teams per (batch, kv head); team c takes key blocks c, c + chunks, ...
+  Acc* dq_ws = nullptr;  // FuseDq: the chunks' dQ slices (see above)
+  long batch = 0;
+  bool write_dkdv = true;  // FuseDq: false when only dQ is asked for
 
-  DkDvKernel(const Args& a, const TileConfig& t)
+  /// The league: batch · heads_kv · (chunks with FuseDq, else key blocks).
+  long league() const { return batch * heads_kv * (FuseDq ? chunks : n_kblocks); }
+  /// FuseDq: the workspace's extent.
+  std::size_t dq_ws_size() const {
+    return std::size_t(chunks) * std::size_t(batch) * std::size_t(seq_q + bq) * std::size_t(heads_kv * group) *
+           std::size_t(head_dim);
+  }
+
+  DkDvKernel(const Args& a, const TileConfig& t, int chunks_ = 1)
       : q(a.q),
         k(a.k),
         v(a.v),
@@ -73,36 +89,47 @@ struct DkDvKernel {
         scale(a.scale),
         softcap(a.softcap),
         mask(a.mask),
-        lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
+        lay(t.block_q, t.block_k, head_dim, sizeof(Acc), FuseDq),
+        chunks(chunks_),
+        batch(static_cast<long>(a.q.extent(0))) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
     const int lr = team.league_rank();
-    const int kb = lr % n_kblocks;
-    const int hk = (lr / n_kblocks) % heads_kv;
-    const int b = lr / (n_kblocks * heads_kv);
+    const int units = FuseDq ? chunks : n_kblocks;  // a team's key blocks: unit, unit + units, ...
+    const int unit = lr % units;
+    const int hk = (lr / units) % heads_kv;
+    const int b = lr / (units * heads_kv);
+    ScratchBuf buf0(team.team_scratch(stream_scratch_level<ExecSpace>()), lay.l0_total);
+    ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
+    for (int kb = unit; kb < n_kblocks; kb += units) key_block(team, buf0, buf1, b, hk, unit, kb);
+  }
+
+  KOKKOS_FUNCTION void key_block(const member_type& team, const ScratchBuf& buf0, const ScratchBuf& buf1, int b, int hk,
+                                 int chunk, int kb) const {
     const int d = head_dim;
     const int j0 = kb * bk;
     const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
     const KeyMask mask = this->mask.for_keys(j0, j0 + cols);  // one document's rule where the block has one
-
-    ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
-    ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
-    Acc* const qs = buf0.data() + lay.a;       // [bq][d] scale·Q
-    Acc* const dos = buf0.data() + lay.b;      // [bq][d] dO
-    Acc* const kt = buf1.data() + lay.ta;      // [d][bk] Kᵀ
-    Acc* const vt = buf1.data() + lay.tb;      // [d][bk] Vᵀ
-    Acc* const dka = buf1.data() + lay.acc_a;  // [bk][d]
-    Acc* const dva = buf1.data() + lay.acc_b;  // [bk][d]
-    Acc* const s = buf1.data() + lay.s;        // [bq][bk] S, then P
-    Acc* const dp = buf1.data() + lay.dp;      // [bq][bk] dP, then dS
+    Acc* const qs = buf0.data() + lay.a;                      // [bq][d] scale·Q
+    Acc* const dos = buf0.data() + lay.b;                     // [bq][d] dO
+    Acc* const kt = buf1.data() + lay.ta;                     // [d][bk] Kᵀ
+    Acc* const vt = buf1.data() + lay.tb;                     // [d][bk] Vᵀ
+    Acc* const dka = buf1.data() + lay.acc_a;                 // [bk][d]
+    Acc* const dva = buf1.data() + lay.acc_b;                 // [bk][d]
+    Acc* const s = buf1.data() + lay.s;                       // [bq][bk] S, then P
+    Acc* const dp = buf1.data() + lay.dp;                     // [bq][bk] dP, then dS
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
+    Acc* const kr = buf1.data() + lay.ra;  // FuseDq: [bk][d] K
 
+    team.team_barrier();  // the previous key block's dK, dV are written
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
       const bool in = j < cols;
       for (int c = 0; c < d; ++c) kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
       for (int c = 0; c < d; ++c) vt[c * bk + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
       for (int c = 0; c < d; ++c) dka[j * d + c] = dva[j * d + c] = Acc(0);
+      if constexpr (FuseDq)
+        for (int c = 0; c < d; ++c) kr[j * d + c] = kt[c * bk + j];
     });
 
     const long i_begin = mask.query_begin(j0);
@@ -114,8 +141,12 @@ struct DkDvKernel {
         team.team_barrier();  // previous step's products are done with qs, dos, s, dp
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
           const bool in = r < rows;
-          for (int c = 0; c < d; ++c) qs[r * d + c] = in ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
-          for (int c = 0; c < d; ++c) dos[r * d + c] = in ? static_cast<Acc>(d_o(b, i0 + r, h, c)) : Acc(0);
+          if (in) {
+            load_row<ExecSpace>(qs + r * d, q, b, i0 + r, h, d, scale);
+            load_row<ExecSpace>(dos + r * d, d_o, b, i0 + r, h, d, Acc(1));
+          } else {
+            for (int c = 0; c < d; ++c) qs[r * d + c] = dos[r * d + c] = Acc(0);
+          }
           lrow[r] = in ? recompute_lse(lse(b, h, i0 + r)) : compat::infinity<Acc>();
           drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
         });
@@ -132,9 +163,16 @@ struct DkDvKernel {
         team.team_barrier();
         team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dos, d, dva, d, true);  // dV += Pᵀ·dO
         team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qs, d, dka, d, true);  // dK += dSᵀ·(scale·Q)
+        if constexpr (FuseDq) {  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
+          const int hq = heads_kv * group;
+          Acc* const dqr =
+              dq_ws + ((static_cast<long>(chunk) * batch + b) * (seq_q + bq) + i0) * hq * d + static_cast<long>(h) * d;
+          team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, kr, d, dqr, hq * d, true);
+        }
       }
     }
     team.team_barrier();
+    if (!write_dkdv) return;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](const int j) {
       for (int c = 0; c < d; ++c)
         dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c]);
@@ -242,7 +280,7 @@ struct DqKernel {
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
     const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
-    ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(stream_scratch_level<ExecSpace>()), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     Acc* const ks = buf0.data() + lay.a;       // [bk][d]
     Acc* const vs = buf0.data() + lay.b;       // [bk][d]
@@ -270,8 +308,12 @@ struct DqKernel {
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
         const bool in = j < cols;
-        for (int c = 0; c < d; ++c) ks[j * d + c] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
-        for (int c = 0; c < d; ++c) vs[j * d + c] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
+        if (in) {
+          load_row<ExecSpace>(ks + j * d, k, b, j0 + j, hk, d, Acc(1));
+          load_row<ExecSpace>(vs + j * d, v, b, j0 + j, hk, d, Acc(1));
+        } else {
+          for (int c = 0; c < d; ++c) ks[j * d + c] = vs[j * d + c] = Acc(0);
+        }
       });
       team.team_barrier();
       team_gemm<ExecSpace>(team, bk, bq, d, ks, d, 1, qst, bq, st, bq, false);   // Sᵀ = K·Qᵀ
@@ -319,6 +361,29 @@ struct DqKernel {
       for (int c = 0; c < d; ++c)
         dq(b, i0 + r, h, c) = static_cast<typename DQV::non_const_value_type>(dqa[r * d + c] * scale);
     });
+  }
+};
+
+/// Host backward, launch 3: dq = scale · Σ_c dq_ws[c] (DkDvKernel<FuseDq>'s slices, in chunk order), one
+/// (batch, query row) per index.
+template <class ExecSpace, class DQV, class Acc>
+struct DqChunkSum {
+  DQV dq;
+  const Acc* ws;
+  int chunks, batch, seq_q, ws_rows, heads_q, head_dim;
+  Acc scale;
+  KOKKOS_FUNCTION void operator()(const long row) const {
+    const int b = static_cast<int>(row / seq_q), i = static_cast<int>(row % seq_q);
+    const long hd = static_cast<long>(heads_q) * head_dim;
+    const long slice = static_cast<long>(batch) * ws_rows * hd;
+    const Acc* const first = ws + (static_cast<long>(b) * ws_rows + i) * hd;
+    for (int h = 0; h < heads_q; ++h)
+      for (int c = 0; c < head_dim; ++c) {
+        const long at = static_cast<long>(h) * head_dim + c;
+        Acc sum = first[at];
+        for (int ch = 1; ch < chunks; ++ch) sum += first[ch * slice + at];
+        dq(b, i, h, c) = static_cast<typename DQV::non_const_value_type>(sum * scale);
+      }
   }
 };
 

@@ -68,12 +68,21 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
       fail(c.fn, ": tiles ", to_string(plan.tiles), " need ",
            std::max(plan.tiles.dkdv.scratch_l1, plan.tiles.dq.scratch_l1),
            " B of level-1 scratch, more than the backend's ", l1_max, " B; lower opts.block_q / block_k");
+    if (is_host_space<ExecSpace>()) {  // host: five products, dQ from the dK/dV pass (backward.hpp)
+      plan.dq_in_dkdv = true;
+      const long n_kblocks = (static_cast<long>(c.k.extent(1)) + plan.tiles.dkdv.block_k - 1) / plan.tiles.dkdv.block_k;
+      plan.dq_chunks =
+          host_backward_chunks(c.space.concurrency(), static_cast<long>(c.k.extent(0) * c.k.extent(2)), n_kblocks);
+    }
   }
   template <class C, class A>
   static void launch(const C& c, const A& args, const BackwardPlan& plan, BackwardParts parts) {
     using ExecSpace = typename C::exec_space;
     const BackwardTileConfig& tiles = plan.tiles;
     const long batch = static_cast<long>(c.q.extent(0));
+    if constexpr (is_host_space<ExecSpace>()) {
+      if (plan.dq_in_dkdv) return launch_fused(c, args, tiles.dkdv, plan.dq_chunks, parts);
+    }
     if (c.k.extent(1) > 0 && parts != BackwardParts::dq) {
       using K1 = DkDvKernel<ExecSpace, A>;
       const K1 k1(args, tiles.dkdv);
@@ -94,6 +103,37 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
           .set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
       Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
     }
+  }
+  /// Host backends: dK, dV and each chunk's dQ in one pass, then the chunks' dQ summed (backward.hpp). dq is
+  /// written whatever `parts` asks (the plan's dq_in_dkdv tells the caller); dk and dv unless parts = dq. No
+  /// key or no query needs no case of its own: the pass then writes zeros where there is anything to write.
+  template <class C, class A>
+  static void launch_fused(const C& c, const A& args, const TileConfig& tiles, int chunks, BackwardParts parts) {
+    using ExecSpace = typename C::exec_space;
+    using Acc = typename A::Acc;
+    const long batch = static_cast<long>(c.q.extent(0)), seq_q = static_cast<long>(c.q.extent(1));
+    const long heads_q = static_cast<long>(c.q.extent(2)), d = static_cast<long>(c.q.extent(3));
+    using K1 = DkDvKernel<ExecSpace, A, true>;
+    K1 k1(args, tiles, chunks);
+    Kokkos::View<Acc*, typename ExecSpace::memory_space> ws("kfa::attention_backward::dq_chunks", k1.dq_ws_size());
+    k1.dq_ws = ws.data();
+    k1.write_dkdv = parts != BackwardParts::dq;
+    const int league = checked_league(c.fn, "batch * heads_kv * dQ chunks", k1.league());
+    Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.team_size);
+    p1.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
+    Kokkos::parallel_for("kfa::attention_backward::dkdv_dq", p1, k1);
+    using Sum = DqChunkSum<ExecSpace, typename A::dq_type, Acc>;
+    const Sum sum{args.dq,
+                  ws.data(),
+                  k1.chunks,
+                  static_cast<int>(batch),
+                  static_cast<int>(seq_q),
+                  static_cast<int>(seq_q + tiles.block_q),
+                  static_cast<int>(heads_q),
+                  static_cast<int>(d),
+                  args.scale};
+    Kokkos::parallel_for("kfa::attention_backward::dq_sum", Kokkos::RangePolicy<ExecSpace>(c.space, 0, batch * seq_q),
+                         sum);
   }
 };
 

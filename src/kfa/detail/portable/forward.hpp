@@ -73,7 +73,7 @@ struct ForwardKernel {
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
     const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
-    ScratchBuf buf0(team.team_scratch(0), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(stream_scratch_level<ExecSpace>()), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     Acc* const kt = buf0.data() + lay.k;   // [bk][d]
     Acc* const vt = buf0.data() + lay.v;   // [bk][d]
@@ -100,8 +100,8 @@ struct ForwardKernel {
         Acc* krow = kt + j * d;
         Acc* vrow = vt + j * d;
         if (j < cols) {
-          for (int c = 0; c < d; ++c) krow[c] = static_cast<Acc>(k(b, j0 + j, hk, c));
-          for (int c = 0; c < d; ++c) vrow[c] = static_cast<Acc>(v(b, j0 + j, hk, c));
+          load_row<ExecSpace>(krow, k, b, j0 + j, hk, d, Acc(1));
+          load_row<ExecSpace>(vrow, v, b, j0 + j, hk, d, Acc(1));
         } else {
           for (int c = 0; c < d; ++c) krow[c] = vrow[c] = Acc(0);
         }

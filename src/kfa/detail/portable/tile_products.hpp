@@ -29,6 +29,21 @@ struct MicroTileShape {
   static constexpr int lanes = host ? 8 : 1;
 };
 
+/// dst[c] = scale · x(b, i, h, c) for c < d (a row of a rank-4 [batch, seq, heads, d] View into a tile): on
+/// host through a pointer where the head dim is contiguous, a loop the compiler vectorizes; element by element
+/// elsewhere.
+template <class ExecSpace, class V, class Acc>
+KOKKOS_FORCEINLINE_FUNCTION void load_row(Acc* dst, const V& x, int b, long i, int h, int d, Acc scale) {
+  if constexpr (MicroTileShape<ExecSpace>::host) {
+    if (x.stride(3) == 1) {
+      const auto* src = &x(b, i, h, 0);
+      for (int c = 0; c < d; ++c) dst[c] = static_cast<Acc>(src[c]) * scale;
+      return;
+    }
+  }
+  for (int c = 0; c < d; ++c) dst[c] = static_cast<Acc>(x(b, i, h, c)) * scale;
+}
+
 /// One RI×RJ block of C = A·B (+C), scalar code (device threads, and any shape on host).
 template <int RI, int RJ, class Acc>
 KOKKOS_INLINE_FUNCTION void micro_tile_scalar(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c,
