@@ -99,6 +99,10 @@ inline double gemm_ceiling(int n, int reps) {
   const double s = median_seconds(reps, [&] { kfa::compat::gemm(Exec(), "N", "N", 1.0f, a, b, 0.0f, c); });
   return 2.0 * n * double(n) * n / s * 1e-9;
 }
+#else
+inline double gemm_ceiling(int, int) {  // no Kokkos Kernels in this build: no ceiling (0)
+  return 0;
+}
 #endif
 
 // The BLAS library this process has mapped (Debian's libblas.so.3 is an alternative: the reference BLAS
@@ -115,6 +119,61 @@ inline std::string loaded_blas() {
       found += (found.empty() ? "" : ", ") + path;
   }
   return found.empty() ? "none mapped (statically linked or not used)" : found;
+}
+
+// One core's FP32 FMA peak, measured: twelve independent register-resident FMA chains of the running host ISA's
+// vector width (kfa::host_isa(): the width the kernels use), timed on the calling thread. GFLOP/s, counting an
+// FMA as 2 flops. The honest yardstick of a CPU figure: a fraction of it says how much of the core a kernel
+// uses, where a BLAS ceiling only says how it compares with that BLAS on this build.
+#define KFA_BENCH_FMA_CHAINS(V)                                                                                     \
+  V a0 = V{} + 1, a1 = V{} + 2, a2 = V{} + 3, a3 = V{} + 4, a4 = V{} + 5, a5 = V{} + 6, a6 = V{} + 7, a7 = V{} + 8, \
+    a8 = V{} + 9, a9 = V{} + 10, a10 = V{} + 11, a11 = V{} + 12;                                                    \
+  const V b = V{} + 1.0000001f, c = V{} + x;                                                                        \
+  for (long it = 0; it < iters; ++it) {                                                                             \
+    a0 = a0 * b + c, a1 = a1 * b + c, a2 = a2 * b + c, a3 = a3 * b + c, a4 = a4 * b + c, a5 = a5 * b + c;           \
+    a6 = a6 * b + c, a7 = a7 * b + c, a8 = a8 * b + c, a9 = a9 * b + c, a10 = a10 * b + c, a11 = a11 * b + c;       \
+  }                                                                                                                 \
+  const V s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;                                          \
+  return s[0];
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+__attribute__((target("avx512f,fma"), noinline)) inline float fma_chains_avx512(long iters, float x) {
+  typedef float V __attribute__((vector_size(64)));
+  KFA_BENCH_FMA_CHAINS(V)
+}
+__attribute__((target("avx2,fma"), noinline)) inline float fma_chains_avx2(long iters, float x) {
+  typedef float V __attribute__((vector_size(32)));
+  KFA_BENCH_FMA_CHAINS(V)
+}
+__attribute__((noinline)) inline float fma_chains_sse2(long iters, float x) {  // mul + add: no FMA in SSE2
+  typedef float V __attribute__((vector_size(16)));
+  KFA_BENCH_FMA_CHAINS(V)
+}
+#pragma GCC pop_options
+#endif
+#undef KFA_BENCH_FMA_CHAINS
+
+// GFLOP/s of one core at the running host ISA (0 where not measured: not x86-64, or the scalar level).
+inline double fma_peak_gflops() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const kfa::HostIsa isa = kfa::host_isa();
+  if (isa == kfa::HostIsa::scalar) return 0;
+  const int lanes = isa == kfa::HostIsa::avx512 ? 16 : isa == kfa::HostIsa::avx2 ? 8 : 4;
+  auto run = [&](long iters) {
+    volatile float x = 0.5f;
+    return isa == kfa::HostIsa::avx512 ? fma_chains_avx512(iters, x)
+           : isa == kfa::HostIsa::avx2 ? fma_chains_avx2(iters, x)
+                                       : fma_chains_sse2(iters, x);
+  };
+  const long iters = 20000000;
+  run(iters / 10);  // warm-up: clocks up, AVX-512 licence taken
+  volatile float sink = 0;
+  const double s = median_seconds(3, [&] { sink = sink + run(iters); });
+  return 12.0 * iters * lanes * 2 / s * 1e-9;
+#else
+  return 0;
+#endif
 }
 
 // Host SIMD facts for benchmark headers: the compiled baseline and the ISA the kernels dispatch to.
