@@ -5,9 +5,9 @@
 /// level: about 40 KiB per team on Kokkos CUDA); the Q tile, the O accumulator and the score tile of the team's
 /// query block live in level-1 scratch, the larger per-team level. The key block is the largest that keeps the
 /// K and V tiles within 90 % of level 0. On host backends both levels are ordinary memory behind the core's
-/// caches, so every tile lives in level 1 and the streamed tiles get detail::host_stream_bytes instead of
-/// Kokkos' 32 KiB level-0 limit. The query block trades reuse of each K/V tile (larger is better) against
-/// having enough teams to fill the machine.
+/// caches, so every tile lives in level 1 and the streamed tiles get a budget of their own (detail::
+/// host_forward_stream_bytes, host_backward_stream_bytes) instead of Kokkos' 32 KiB level-0 limit. The query
+/// block trades reuse of each K/V tile (larger is better) against having enough teams to fill the machine.
 #include <kfa/compat.hpp>
 #include <kfa/error.hpp>
 #include <kfa/options.hpp>
@@ -65,25 +65,30 @@ constexpr bool is_host_space() {
   return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 }
 
-/// Host backends: bytes for the two streamed tiles of a step (forward: K and V; backward: Q and dO in the
-/// dK/dV pass). The whole team working set (the streamed tiles, the owned tiles, the scores) then stays in
-/// a core's L2 (1-2 MiB on the x86 cores we measure) while a tile product's panels stay in L1: 64 keys at
-/// d = 128 in float, 128 at d <= 64 (the cap), 32 at d = 256.
-constexpr std::size_t host_stream_bytes = 72 * 1024;
+/// Host backends: bytes for the two streamed tiles of a step, the forward's K and V and the backward's Q and dO
+/// (its dK/dV pass), and the forward's query block. The team's working set (streamed tiles, owned tiles,
+/// scores) stays in a core's L2 (1-2 MiB on the x86 cores we measure) while a tile product's panels stay in L1.
+/// Measured on one Zen 4 core (float, N 2048-8192, 2026-12-04): the forward gains 3-5% from 128 keys over 64 at
+/// d = 128 and 3-5% from 128 query rows over 64; the backward loses 3-5% (causal) with 128 streamed rows at
+/// d = 128 against 64. So: forward 128 keys at d <= 128 (the cap), 64 at d = 256; backward 64 rows at d = 128,
+/// 128 at d <= 64, 32 at d = 256.
+constexpr std::size_t host_forward_stream_bytes = 136 * 1024;
+constexpr std::size_t host_backward_stream_bytes = 72 * 1024;
+constexpr int host_forward_block_q = 128;
 
 /// The scratch level the portable kernels put their streamed tiles in: level 0 on devices, level 1 with the
-/// other tiles on host (see host_stream_bytes).
+/// other tiles on host (see host_forward_stream_bytes).
 template <class ExecSpace>
 constexpr int stream_scratch_level() {
   return is_host_space<ExecSpace>() ? 1 : 0;
 }
 
 /// The budget for the streamed tiles (see the file comment) and the words for it in errors.
-inline std::size_t stream_budget(bool host, std::size_t l0_max) {
-  return host ? host_stream_bytes : l0_max * 9 / 10;
+inline std::size_t stream_budget(bool host, bool forward, std::size_t l0_max) {
+  return host ? (forward ? host_forward_stream_bytes : host_backward_stream_bytes) : l0_max * 9 / 10;
 }
-inline std::string stream_budget_words(bool host, std::size_t l0_max) {
-  return host ? "the host budget for streamed tiles, " + std::to_string(host_stream_bytes) + " B"
+inline std::string stream_budget_words(bool host, bool forward, std::size_t l0_max) {
+  return host ? "the host budget for streamed tiles, " + std::to_string(stream_budget(host, forward, l0_max)) + " B"
               : "90% of the backend's " + std::to_string(l0_max) + " B level-0 scratch, " +
                     std::to_string(l0_max * 9 / 10) + " B";
 }
@@ -117,7 +122,7 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
   TileConfig t;
   t.scratch_l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
   const bool host = detail::is_host_space<ExecSpace>();
-  const std::size_t budget = detail::stream_budget(host, t.scratch_l0_max);
+  const std::size_t budget = detail::stream_budget(host, true, t.scratch_l0_max);
   t.team_size = host ? 1 : 128;
 
   auto l0_bytes = [&](int bq, int bk) {
@@ -128,7 +133,7 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
     if (l0_bytes(8, opts.block_k) > budget)
       detail::fail(fn, ": opts.block_k = ", opts.block_k, " with head_dim = ", head_dim, " needs ",
                    l0_bytes(8, opts.block_k), " B for its K and V tiles but the budget is ",
-                   detail::stream_budget_words(host, t.scratch_l0_max));
+                   detail::stream_budget_words(host, true, t.scratch_l0_max));
     t.block_k = opts.block_k;
   } else {
     // Largest multiple of 8 (4 when not even 8 fit) that fits, capped at 128 keys and at the padded seq_k.
@@ -140,7 +145,7 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
     }
     if (best == 0)
       detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 keys in ",
-                   detail::stream_budget_words(host, t.scratch_l0_max));
+                   detail::stream_budget_words(host, true, t.scratch_l0_max));
     t.block_k = best;
   }
 
@@ -148,10 +153,11 @@ TileConfig forward_tile_config(const ExecSpace& space, int head_dim, long seq_q,
     if (opts.block_q % 8 != 0) detail::fail(fn, ": opts.block_q = ", opts.block_q, " is not a multiple of 8");
     t.block_q = opts.block_q;
   } else {
-    // 64 rows reuse each K/V tile 64 times; shrink (to 16) while the league would not give every thread
-    // of the machine a few teams.
+    // 64 rows (host: host_forward_block_q) reuse each K/V tile 64 times; shrink (to 16) while the league
+    // would not give every thread of the machine a few teams.
     const long want_teams = 4L * static_cast<long>(space.concurrency()) / t.team_size;
-    int bq = static_cast<int>(std::min<long>(64, std::max<long>(8, (seq_q + 7) / 8 * 8)));
+    const long cap = host ? detail::host_forward_block_q : 64;
+    int bq = static_cast<int>(std::min<long>(cap, std::max<long>(8, (seq_q + 7) / 8 * 8)));
     // Halve, staying a multiple of 8: the kernel's row loops and micro-tiles step by 8 rows.
     while (bq > 16 && batch_heads * ((seq_q + bq - 1) / bq) < want_teams) bq = std::max(16, (bq / 2 + 7) / 8 * 8);
     t.block_q = bq;
@@ -226,7 +232,7 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
   constexpr std::size_t eb = sizeof(Acc);
   const std::size_t l0_max = static_cast<std::size_t>(compat::scratch_size_max_l0<ExecSpace>());
   const bool host = detail::is_host_space<ExecSpace>();
-  const std::size_t budget = detail::stream_budget(host, l0_max);
+  const std::size_t budget = detail::stream_budget(host, false, l0_max);
   const int team_size = host ? 1 : 128;
   auto l0_bytes = [&](int streamed) {
     return detail::scratch_view_bytes<ExecSpace, Acc>(
@@ -239,7 +245,7 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
       if (l0_bytes(override_value) > budget)
         detail::fail(fn, ": opts.", name, " = ", override_value, " with head_dim = ", head_dim, " needs ",
                      l0_bytes(override_value), " B for its two streamed tiles but the budget is ",
-                     detail::stream_budget_words(host, l0_max));
+                     detail::stream_budget_words(host, false, l0_max));
       return override_value;
     }
     const long cap = std::min<long>(128, std::max<long>(4, (extent + 3) / 4 * 4));
@@ -250,7 +256,7 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
     }
     if (best == 0)
       detail::fail(fn, ": head_dim = ", head_dim, " with ", eb, "-byte accumulators does not fit 4 rows in ",
-                   detail::stream_budget_words(host, l0_max));
+                   detail::stream_budget_words(host, false, l0_max));
     return best;
   };
   // Owned block: the override, else 64, on devices shrunk (to 16) while the league would leave threads idle

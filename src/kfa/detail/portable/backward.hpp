@@ -63,6 +63,11 @@ struct DkDvKernel {
 
   /// The league: batch · heads_kv · (chunks with FuseDq, else key blocks).
   long league() const { return batch * heads_kv * (FuseDq ? chunks : n_kblocks); }
+  /// FuseDq: row i of query head h in chunk c's dQ slice.
+  KOKKOS_FORCEINLINE_FUNCTION Acc* dq_row(int c, int b, long i, int h) const {
+    const long hd = static_cast<long>(heads_kv) * group * head_dim;
+    return dq_ws + ((static_cast<long>(c) * batch + b) * (seq_q + bq) + i) * hd + static_cast<long>(h) * head_dim;
+  }
   /// FuseDq: the workspace's extent.
   std::size_t dq_ws_size() const {
     return std::size_t(chunks) * std::size_t(batch) * std::size_t(seq_q + bq) * std::size_t(heads_kv * group) *
@@ -141,6 +146,11 @@ struct DkDvKernel {
         team.team_barrier();  // previous step's products are done with qs, dos, s, dp
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
           const bool in = r < rows;
+          if (i0 + bq + r < i_end) {  // the next step's rows, while this step computes
+            prefetch_row<ExecSpace>(q, b, i0 + bq + r, h, d);
+            prefetch_row<ExecSpace>(d_o, b, i0 + bq + r, h, d);
+            if constexpr (FuseDq) prefetch_span<ExecSpace>(dq_row(chunk, b, i0 + bq + r, h), d);
+          }
           if (in) {
             load_row<ExecSpace>(qs + r * d, q, b, i0 + r, h, d, scale);
             load_row<ExecSpace>(dos + r * d, d_o, b, i0 + r, h, d, Acc(1));
@@ -163,12 +173,8 @@ struct DkDvKernel {
         team.team_barrier();
         team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dos, d, dva, d, true);  // dV += Pᵀ·dO
         team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qs, d, dka, d, true);  // dK += dSᵀ·(scale·Q)
-        if constexpr (FuseDq) {  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-          const int hq = heads_kv * group;
-          Acc* const dqr =
-              dq_ws + ((static_cast<long>(chunk) * batch + b) * (seq_q + bq) + i0) * hq * d + static_cast<long>(h) * d;
-          team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, kr, d, dqr, hq * d, true);
-        }
+        if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
+          team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, kr, d, dq_row(chunk, b, i0, h), heads_kv * group * d, true);
       }
     }
     team.team_barrier();

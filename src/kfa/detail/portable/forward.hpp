@@ -99,6 +99,10 @@ struct ForwardKernel {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
         Acc* krow = kt + j * d;
         Acc* vrow = vt + j * d;
+        if (j0 + bk + j < j_end) {  // the next tile's row, while this tile computes
+          prefetch_row<ExecSpace>(k, b, j0 + bk + j, hk, d);
+          prefetch_row<ExecSpace>(v, b, j0 + bk + j, hk, d);
+        }
         if (j < cols) {
           load_row<ExecSpace>(krow, k, b, j0 + j, hk, d, Acc(1));
           load_row<ExecSpace>(vrow, v, b, j0 + j, hk, d, Acc(1));

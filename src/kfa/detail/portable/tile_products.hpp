@@ -44,6 +44,30 @@ KOKKOS_FORCEINLINE_FUNCTION void load_row(Acc* dst, const V& x, int b, long i, i
   for (int c = 0; c < d; ++c) dst[c] = static_cast<Acc>(x(b, i, h, c)) * scale;
 }
 
+/// Asks the host's caches for n elements at p, to be used a tile later (into L2); nothing on devices.
+template <class ExecSpace, class E>
+KOKKOS_FORCEINLINE_FUNCTION void prefetch_span(const E* p, int n) {
+#if KFA_HOST_VECTOR_EXT
+  if constexpr (MicroTileShape<ExecSpace>::host) {
+    const char* const bytes = reinterpret_cast<const char*>(p);
+    const long len = static_cast<long>(n) * static_cast<long>(sizeof(E));
+    for (long at = 0; at < len; at += 64) __builtin_prefetch(bytes + at, 0, 2);
+  }
+#else
+  (void)p, (void)n;
+#endif
+}
+
+/// Asks the host's caches for row (b, i, h, ·) of x, d elements, to be read a tile later (into L2: the row is
+/// used after a tile's products, by which time an L1 prefetch would be gone). Host backends with a contiguous
+/// head dim only; nothing elsewhere. The K/V rows of the next tile come from L3 or memory with a stride of
+/// heads·d between rows, which the hardware prefetchers do not run ahead of.
+template <class ExecSpace, class V>
+KOKKOS_FORCEINLINE_FUNCTION void prefetch_row(const V& x, int b, long i, int h, int d) {
+  if constexpr (MicroTileShape<ExecSpace>::host)
+    if (x.stride(3) == 1) prefetch_span<ExecSpace>(&x(b, i, h, 0), d);
+}
+
 /// One RI×RJ block of C = A·B (+C), scalar code (device threads, and any shape on host).
 template <int RI, int RJ, class Acc>
 KOKKOS_INLINE_FUNCTION void micro_tile_scalar(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c,
