@@ -23,7 +23,8 @@ struct BackwardPlan {
   BackwardTileConfig tiles;  ///< with atomic_dq only tiles.dkdv is used
   std::string region;
   /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
-  /// tensor-core family); otherwise a separate dQ kernel, bitwise reproducible.
+  /// tensor-core family); otherwise no atomics (a separate dQ kernel, or dq_in_dkdv on host), bitwise
+  /// reproducible.
   bool atomic_dq = false;
   /// dQ computed in the dK/dV pass, no dQ kernel of its own: with atomic_dq, and in the portable family on
   /// host backends (each team's dQ into a workspace slice of its own, the slices summed in a fixed order, so

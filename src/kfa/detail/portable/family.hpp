@@ -79,10 +79,17 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
   static void launch(const C& c, const A& args, const BackwardPlan& plan, BackwardParts parts) {
     using ExecSpace = typename C::exec_space;
     const BackwardTileConfig& tiles = plan.tiles;
-    const long batch = static_cast<long>(c.q.extent(0));
-    if constexpr (is_host_space<ExecSpace>()) {
-      if (plan.dq_in_dkdv) return launch_fused(c, args, tiles.dkdv, plan.dq_chunks, parts);
+    if constexpr (is_host_space<ExecSpace>()) {  // plan() set dq_in_dkdv
+      return launch_fused(c, args, tiles.dkdv, plan.dq_chunks, parts);
+    } else {
+      launch_two_pass(c, args, tiles, parts);
     }
+  }
+  /// Devices: the dK/dV kernel, then the dQ kernel (backward.hpp).
+  template <class C, class A>
+  static void launch_two_pass(const C& c, const A& args, const BackwardTileConfig& tiles, BackwardParts parts) {
+    using ExecSpace = typename C::exec_space;
+    const long batch = static_cast<long>(c.q.extent(0));
     if (c.k.extent(1) > 0 && parts != BackwardParts::dq) {
       using K1 = DkDvKernel<ExecSpace, A>;
       const K1 k1(args, tiles.dkdv);
