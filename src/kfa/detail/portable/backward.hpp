@@ -43,6 +43,7 @@ struct DkDvKernel {
   using Acc = accumulator_t<T>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
 
   QV q;
   KV k;
@@ -104,7 +105,7 @@ struct DkDvKernel {
     const int unit = lr % units;
     const int hk = (lr / units) % heads_kv;
     const int b = lr / (units * heads_kv);
-    ScratchBuf buf0(team.team_scratch(stream_scratch_level<ExecSpace>()), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(stream_level), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     for (int kb = unit; kb < n_kblocks; kb += units) key_block(team, buf0, buf1, b, hk, unit, kb);
   }
@@ -241,6 +242,7 @@ struct DqKernel {
   using Acc = accumulator_t<T>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
 
   QV q;
   KV k;
@@ -286,7 +288,7 @@ struct DqKernel {
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
     const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
-    ScratchBuf buf0(team.team_scratch(stream_scratch_level<ExecSpace>()), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(stream_level), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     Acc* const ks = buf0.data() + lay.a;       // [bk][d]
     Acc* const vs = buf0.data() + lay.b;       // [bk][d]
