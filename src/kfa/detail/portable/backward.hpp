@@ -105,7 +105,7 @@ struct DkDvKernel {
     const int unit = lr % units;
     const int hk = (lr / units) % heads_kv;
     const int b = lr / (units * heads_kv);
-    ScratchBuf buf0(team.team_scratch(stream_level), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     for (int kb = unit; kb < n_kblocks; kb += units) key_block(team, buf0, buf1, b, hk, unit, kb);
   }
@@ -288,7 +288,7 @@ struct DqKernel {
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
     const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
-    ScratchBuf buf0(team.team_scratch(stream_level), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     Acc* const ks = buf0.data() + lay.a;       // [bk][d]
     Acc* const vs = buf0.data() + lay.b;       // [bk][d]

@@ -74,7 +74,7 @@ struct ForwardKernel {
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
     const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
-    ScratchBuf buf0(team.team_scratch(stream_level), lay.l0_total);
+    ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     Acc* const kt = buf0.data() + lay.k;   // [bk][d]
     Acc* const vt = buf0.data() + lay.v;   // [bk][d]
