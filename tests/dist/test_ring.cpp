@@ -5,62 +5,12 @@
 #include <cstdlib>
 
 #include "../common/kfa_test.hpp"
+#include "shards.hpp"
 
 using namespace kfa_test;
 using kfa::dist::Layout;
 
 namespace {
-
-int world_rank() {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int p;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  return p;
-}
-std::uint64_t shared_seed() {
-  std::uint64_t s = world_rank() == 0 ? fresh_seed() : 0;
-  MPI_Bcast(&s, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return s;
-}
-
-// Rows of a [b, n, h, d] flat array (or [b, h, n] for lse) picked by the segments, in local order.
-std::vector<double> take_rows4(const std::vector<double>& g, const Shape& s, int heads, long n_total,
-                               const std::vector<kfa::dist::Segment>& segs) {
-  std::vector<double> out;
-  for (int b = 0; b < s.batch; ++b)
-    for (const auto& sg : segs)
-      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i)
-        for (int x = 0; x < heads * s.head_dim; ++x)
-          out.push_back(g[(size_t(b) * n_total + i) * heads * s.head_dim + x]);
-  return out;
-}
-std::vector<double> take_rows3(const std::vector<double>& g, const Shape& s, long n_total,
-                               const std::vector<kfa::dist::Segment>& segs) {
-  std::vector<double> out;
-  for (int b = 0; b < s.batch; ++b)
-    for (int h = 0; h < s.heads_q; ++h)
-      for (const auto& sg : segs)
-        for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i)
-          out.push_back(g[(size_t(b) * s.heads_q + h) * n_total + i]);
-  return out;
-}
-// Local shard View holding the given global rows.
-template <class T>
-Tensor<T> shard(const Tensor<T>& g, const std::vector<kfa::dist::Segment>& segs) {
-  long n = 0;
-  for (const auto& sg : segs) n += sg.length;
-  Tensor<T> out("shard", g.extent(0), n, g.extent(2), g.extent(3));
-  for (const auto& sg : segs)
-    Kokkos::deep_copy(Kokkos::subview(out, Kokkos::ALL, std::make_pair(sg.local_begin, sg.local_begin + sg.length),
-                                      Kokkos::ALL, Kokkos::ALL),
-                      Kokkos::subview(g, Kokkos::ALL, std::make_pair(sg.global_begin, sg.global_begin + sg.length),
-                                      Kokkos::ALL, Kokkos::ALL));
-  return out;
-}
 
 struct Case {
   Layout layout;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kfa {
@@ -118,6 +119,16 @@ class ShardMap {
         segs[r] = {{-1, half, 0}, {-1, all - half, half}};
       }
     }
+  }
+  /// Of explicit runs per rank (global_begin, length, and local_begin in the rank's arrays; runs of one
+  /// rank in local order, every token of each sequence held once): the map of a ring each of whose ranks
+  /// holds the union of several ranks' shards (kfa::dist::Ulysses between its all-to-alls).
+  static ShardMap of_segments(std::vector<std::vector<Segment>> q, std::vector<std::vector<Segment>> k) {
+    ShardMap m;
+    for (const auto& r : q) m.m_q_total += length(r);
+    for (const auto& r : k) m.m_k_total += length(r);
+    m.m_q = std::move(q), m.m_k = std::move(k);
+    return m;
   }
   /// Of a map over documents (zigzag, two ranks or more): the pieces of segment `seg` of rank `rank`'s queries
   /// (keys), one per document in document order, as document_shard gives them; empty otherwise.

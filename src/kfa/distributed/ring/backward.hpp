@@ -24,10 +24,20 @@ namespace dist {
 
 namespace detail {
 
-/// ring_attention_backward after its checks, on the agreed shard map (and documents, as ring_forward).
-template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
+/// D = rowsum(dO ∘ O) [batch, heads_q, n] of a rank's query rows, once for its whole shard (not once per
+/// block); a failure to allocate it on one rank throws on every rank of `ring`. Collective.
+template <class ExecSpace, class OV, class DOV>
+auto agreed_row_dot(const ExecSpace& space, const Ring& ring, const char* fn, const OV& o, const DOV& d_o) {
+  decltype(kfa::detail::backward_row_dot(space, o, d_o)) dd;
+  agreed_allocation(ring, fn, [&] { dd = kfa::detail::backward_row_dot(space, o, d_o); });
+  return dd;
+}
+
+/// ring_attention_backward after its checks, on the agreed shard map (and documents, as ring_forward), with
+/// the rows' D = rowsum(dO ∘ O) given (agreed_row_dot).
+template <class ExecSpace, class QV, class KV, class VV, class DD, class DOV, class LV, class DQV, class DKV, class DVV>
 void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, const ShardMap& map,
-                   const RingDocuments& docs, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,
+                   const RingDocuments& docs, const QV& q, const KV& k, const VV& v, const DD& dd, const DOV& d_o,
                    const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts,
                    RingStats* stats) {
   using T = typename QV::non_const_value_type;
@@ -44,8 +54,8 @@ void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, con
 
   if (p == 1) {  // the whole sequence is here: one kernel call, straight into dq, dk, dv, nothing sent
     detail::single_rank(space, ring, fn, stats, t_begin, [&] {
-      kfa::detail::backward_impl(fn, space, q, k, v, o, d_o, lse, dq, dk, dv, opts,
-                                 kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1)), docs.device});
+      kfa::detail::backward_impl_d(fn, space, q, k, v, d_o, lse, dd, dq, dk, dv, opts,
+                                   kfa::detail::Positions{0, 0, nq, static_cast<long>(k.extent(1)), docs.device});
     });
     return;
   }
@@ -73,7 +83,6 @@ void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, con
   std::unique_ptr<detail::Exchanger<ExecSpace, T>> ex_kv;
   std::unique_ptr<detail::Exchanger<ExecSpace, Acc>> ex_acc;
   Part dq_acc, dq_part, dk_part, dv_part;
-  Kokkos::View<Acc***, Kokkos::LayoutRight, Mem> dd;
   detail::agreed_allocation(ring, fn, [&] {
     kv.reset(new Kv(ring, "kfa::dist::buffer::kv_a", b, nmax, hkv, d));  // kept by the Ring, as the forward's
     kv_next.reset(new Kv(ring, "kfa::dist::buffer::kv_b", b, nmax, hkv, d));
@@ -86,7 +95,6 @@ void ring_backward(const char* fn, const ExecSpace& space, const Ring& ring, con
     dq_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_q", b, qseg_max, hq, d);
     dk_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_k", b, kseg_max, hkv, d);
     dv_part = detail::kept_tensor<Acc, Mem>(ring, "kfa::dist::buffer::part_v", b, kseg_max, hkv, d);
-    dd = kfa::detail::backward_row_dot(space, o, d_o);  // D once for the shard, not once per block
   });
   for (const Part& x : {dq_acc, dq_part, dk_part, dv_part}) Kokkos::deep_copy(space, x, Acc(0));
   detail::copy_into(space, kv->tile(map.k_length(me), 0), k, "kfa::dist::ring_backward::load_k");
@@ -198,7 +206,8 @@ void ring_attention_backward(const ExecSpace& space, const Ring& ring, const QV&
   constexpr const char* fn = "kfa::dist::ring_attention_backward";
   detail::collective_check(ring, fn, [&] { kfa::detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts); });
   const ShardMap map = detail::agree_on_shapes(ring, fn, q, k, opts);
-  detail::ring_backward(fn, space, ring, map, detail::RingDocuments{}, q, k, v, o, d_o, lse, dq, dk, dv, opts, stats);
+  const auto dd = detail::agreed_row_dot(space, ring, fn, o, d_o);
+  detail::ring_backward(fn, space, ring, map, detail::RingDocuments{}, q, k, v, dd, d_o, lse, dq, dk, dv, opts, stats);
 }
 
 }  // namespace dist

@@ -114,7 +114,8 @@ void ring_attention_backward_varlen(const ExecSpace& space, const Ring& ring, co
   ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(ring, fn, map, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  detail::ring_backward(fn, space, ring, map, docs, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts, stats);
+  const auto dd = detail::agreed_row_dot(space, ring, fn, o4, do4);
+  detail::ring_backward(fn, space, ring, map, docs, q4, k4, v4, dd, do4, lse3, dq4, dk4, dv4, opts, stats);
 }
 
 }  // namespace dist
