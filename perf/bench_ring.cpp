@@ -4,7 +4,7 @@
 //   mpirun -n P kfa_bench_ring [--tokens-per-rank n | --seq N] [--heads H] [--kv-heads G] [--head-dim d]
 //                              [--layout contiguous|zigzag] [--causal] [--backward] [--reps R] [--steps]
 //                              [--dtype float32|float16|bfloat16|float64] [--max-message-bytes B]
-//                              [--transport auto|nccl|gpu-aware-mpi|staging] [--no-buffer-cache]
+//                              [--transport auto|nccl|gpu-aware-mpi|staging] [--no-buffer-cache] [--strategies]
 //
 // Also times attention_forward (+ attention_backward) of one rank's shard as one local call in the same
 // run ("single"): at P = 1 the ring should match it.
@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,58 @@ struct Args {
   std::size_t max_msg;
   kfa::dist::RingTransport transport;
   bool no_cache;
+  bool strategies;
 };
+
+// --strategies: the ring and every Ulysses degree U that divides P and the heads (U = P: Ulysses alone; between:
+// the hybrid) on the same shards, interleaved round by round (reps rounds after a warm-up one), the best round of
+// each: seconds, GFLOP/s per rank, ratio to the ring, and the all-to-alls' share.
+template <class T, class V4, class L3>
+void compare_strategies(const Args& args, int rank, int p, const V4& q, const V4& k, const V4& v, const V4& o,
+                        const V4& d_o, const L3& lse, const V4& dq, const V4& dk, const V4& dv,
+                        const kfa::AttentionOptions& opts, double flops) {
+  std::vector<int> degrees;
+  for (int u = 1; u <= p; ++u)
+    if (p % u == 0 && args.heads % u == 0) degrees.push_back(u);
+  std::vector<std::unique_ptr<kfa::dist::Ulysses>> groups;
+  for (int u : degrees) {
+    groups.emplace_back(new kfa::dist::Ulysses(MPI_COMM_WORLD, u, args.layout));
+    if (args.max_msg) groups.back()->set_max_message_bytes(args.max_msg);
+    if (args.transport != kfa::dist::RingTransport::automatic) groups.back()->set_transport(args.transport);
+  }
+  kfa::dist::Ring ring(MPI_COMM_WORLD, args.layout);
+  if (args.max_msg) ring.set_max_message_bytes(args.max_msg);
+  if (args.transport != kfa::dist::RingTransport::automatic) ring.set_transport(args.transport);
+  std::vector<double> best(degrees.size() + 1, 1e300), a2a(degrees.size() + 1, 0);
+  for (int r = 0; r < args.reps + 1; ++r)
+    for (std::size_t x = 0; x <= degrees.size(); ++x) {  // x = 0: the ring; then each degree
+      kfa::dist::UlyssesStats fs, bs;
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      if (x == 0) {
+        kfa::dist::ring_attention_forward(Exec(), ring, q, k, v, o, lse, opts);
+        if (args.backward) kfa::dist::ring_attention_backward(Exec(), ring, q, k, v, o, d_o, lse, dq, dk, dv, opts);
+      } else {
+        kfa::dist::ulysses_attention_forward(Exec(), *groups[x - 1], q, k, v, o, lse, opts, &fs);
+        if (args.backward)
+          kfa::dist::ulysses_attention_backward(Exec(), *groups[x - 1], q, k, v, o, d_o, lse, dq, dk, dv, opts, &bs);
+      }
+      const double t = max_over_ranks(MPI_Wtime() - t0, MPI_COMM_WORLD);
+      const double comm =
+          max_over_ranks(fs.to_heads_s + fs.to_sequence_s + bs.to_heads_s + bs.to_sequence_s, MPI_COMM_WORLD);
+      if (r > 0 && t < best[x]) best[x] = t, a2a[x] = comm;
+    }
+  if (rank != 0) return;
+  for (std::size_t x = 0; x <= degrees.size(); ++x) {
+    const int u = x == 0 ? 1 : degrees[x - 1];
+    const std::string name = x == 0 ? "ring" : u == 1 ? "ulysses U=1 (its ring)" : u == p ? "ulysses" : "hybrid";
+    std::printf(
+        "kfa_bench_ring strategy %-22s U=%d R=%d: time %.4f s, %.1f GFLOP/s per rank, %.3fx the ring, "
+        "all-to-all %.4f s (%.1f%%)\n",
+        name.c_str(), u, p / u, best[x], flops / best[x] * 1e-9 / p, best[0] / best[x], a2a[x],
+        100.0 * a2a[x] / best[x]);
+  }
+}
 
 template <class T>
 void run(const Args& args, int rank, int p) {
@@ -79,6 +131,11 @@ void run(const Args& args, int rank, int p) {
     }
     kfa::AttentionOptions opts;
     opts.causal = causal;
+    if (args.strategies) {
+      const double all = 4.0 * heads * double(n_total) * n_total * d * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
+      compare_strategies<T>(args, rank, p, q, k, v, o, d_o, lse, dq, dk, dv, opts, all);
+      return;
+    }
 
     kfa::dist::RingStats best;
     double best_t = 1e300;
@@ -156,7 +213,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   long per_rank = 2048, seq = 0;
   int heads = 4, kv_heads = 0, d = 64, reps = 3;
-  bool causal = false, backward = false, steps = false, no_cache = false;
+  bool causal = false, backward = false, steps = false, no_cache = false, strategies = false;
   std::string dtype = "float32", layout_name = "contiguous";
   std::size_t max_msg = 0;
   std::string transport = "auto";
@@ -181,6 +238,8 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", causal, "causal mask");
   app.add_flag("--backward", backward, "forward + backward");
   app.add_flag("--steps", steps, "per-step table");
+  app.add_flag("--strategies", strategies,
+               "compare the ring with Ulysses and the hybrids (every degree dividing P and --heads), interleaved");
   app.add_flag("--no-buffer-cache", no_cache,
                "allocate the ring's work buffers in every call (Ring::set_cache_buffers(false))");
   // Every rank parses the same command line and reaches the same verdict; rank 0 alone prints it.
@@ -203,7 +262,7 @@ int main(int argc, char** argv) {
                   : transport == "gpu-aware-mpi" ? RT::gpu_aware_mpi
                   : transport == "staging"       ? RT::host_staging
                                                  : RT::automatic;
-    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg, tr, no_cache};
+    Args a{per_rank, seq, heads, kv_heads, d, reps, causal, backward, steps, layout, max_msg, tr, no_cache, strategies};
     if (dtype == "float32")
       run<float>(a, rank, p);
     else if (dtype == "float64")

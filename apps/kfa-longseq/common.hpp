@@ -31,6 +31,8 @@ struct Config {
   long max_message_bytes = 0;         // 0: the Ring's default (1 GiB)
   std::vector<int> doc_lengths;       // --doc-lengths: documents packed into the sequence
   std::vector<double> doc_lognormal;  // --doc-lognormal MEDIAN SIGMA MIN MAX SEED
+  std::string sp = "ring";            // --sp: ring, ulysses, hybrid or auto (strategy.hpp)
+  int ulysses_degree = 0;             // --ulysses-degree (0: what --sp implies)
 };
 
 /// Throws kfa::Error with a message built from streamable pieces.

@@ -13,6 +13,7 @@
 #include "files.hpp"
 #include "json.hpp"
 #include "report.hpp"
+#include "strategy.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -385,6 +386,12 @@ struct Computed {
   StepSplit split;
   std::string transport;
   std::size_t max_message_bytes = 0;
+  Strategy sp;  // the Ulysses degree that ran (1: the ring alone) and why
+  // Ulysses / hybrid (sp.u > 1): the all-to-alls (slowest rank), bytes this rank sent (max over ranks), and what
+  // travelled how
+  double a2a_to_heads_s = 0, a2a_to_sequence_s = 0, a2a_bytes = 0;
+  std::string a2a_transport, heads_plan;
+  bool groups_within_nodes = true;
 };
 
 // Test hook: KFA_LONGSEQ_CORRUPT=o|dq|dk|dv multiplies that computed tensor by 1.001 on every rank after the
@@ -403,9 +410,72 @@ void corrupt_for_tests(const Tensors<T>& t) {
   Kokkos::fence();
 }
 
-// The ring forward (and backward) pass, timed per step. Collective.
+// --sp auto's calibration, measured now on every rank (the slowest rank's figures): the forward kernel's rate on
+// min(seq / P, 4096) tokens of this run's heads and mask, and the bandwidth and latency of one pairwise exchange
+// between neighbouring ranks (consecutive ranks: inside a node) and, when the job spans nodes, between ranks on
+// different nodes. Collective.
 template <class T>
-Computed compute(const Config& c, const Shard& s, Tensors<T>& t, MPI_Comm comm) {
+SpModelInputs calibrate(const Config& c, const Shard& s, const kfa::AttentionOptions& opts, MPI_Comm comm) {
+  int rank, p;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &p);
+  SpModelInputs m;
+  m.ranks = p, m.batch = s.batch, m.seq = s.seq, m.heads = s.heads, m.kv_heads = s.kv_heads, m.d = s.d;
+  m.elem_bytes = sizeof(T), m.acc_bytes = sizeof(kfa::accumulator_t<T>), m.causal = c.causal, m.backward = c.backward;
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int node_ranks = 1, node_rank = 0;
+  MPI_Comm_size(node, &node_ranks);
+  MPI_Comm_rank(node, &node_rank);
+  MPI_Comm_free(&node);
+  MPI_Allreduce(MPI_IN_PLACE, &node_ranks, 1, MPI_INT, MPI_MIN, comm);
+  m.node_ranks = node_ranks;
+  const long n = std::max(1L, std::min(s.seq / p, 4096L));
+  Tensor<T> q("kfa-longseq::calibrate::q", 1, n, s.heads, s.d), k("kfa-longseq::calibrate::k", 1, n, s.kv_heads, s.d),
+      v("kfa-longseq::calibrate::v", 1, n, s.kv_heads, s.d), o("kfa-longseq::calibrate::o", 1, n, s.heads, s.d);
+  Lse<T> lse("kfa-longseq::calibrate::lse", 1, s.heads, n);
+  for (const Tensor<T>* x : {&q, &k, &v}) {  // not zeros: scores of every size
+    T* const ptr = x->data();
+    Kokkos::parallel_for(
+        "kfa-longseq::calibrate::fill", Kokkos::RangePolicy<Exec>(0, x->size()),
+        KOKKOS_LAMBDA(const size_t i) { ptr[i] = static_cast<T>(std::sin(0.37 * double(i % 9973)) * 0.5); });
+  }
+  double best = 1e300;
+  for (int rep = 0; rep < 2; ++rep) {
+    Kokkos::fence();
+    const double t0 = MPI_Wtime();
+    kfa::attention_forward(Exec(), q, k, v, o, lse, opts);
+    Kokkos::fence();
+    best = std::min(best, MPI_Wtime() - t0);
+  }
+  best = max_over(best, comm);
+  m.rate = 4.0 * double(n) * double(n) * s.heads * s.d * (c.causal ? 0.5 : 1.0) / best;
+  // pairwise exchanges as the ring makes them: of one K/V shard (at most 64 MiB), and of one byte (latency)
+  const size_t count = std::min<size_t>(static_cast<size_t>(2 * s.batch * std::max(1L, s.n) * s.kv_heads * s.d),
+                                        (size_t(64) << 20) / sizeof(T));
+  auto measure = [&](MPI_Comm cm, double& bw) {
+    kfa::dist::Ring ring(cm);
+    const double t = std::min(kfa::dist::time_ring_exchange<T>(Exec(), ring, count),
+                              kfa::dist::time_ring_exchange<T>(Exec(), ring, count));
+    bw = double(count) * sizeof(T) / std::max(t, 1e-9);
+    double lat = 1e300;
+    for (int rep = 0; rep < 3; ++rep) lat = std::min(lat, kfa::dist::time_ring_exchange<char>(Exec(), ring, 1));
+    return lat;
+  };
+  m.latency_s = measure(comm, m.bw_intra);
+  m.bw_inter = m.bw_intra;
+  if (node_ranks < p) {  // neighbours on different nodes: the ranks ordered by their place in their node
+    MPI_Comm across;
+    MPI_Comm_split(comm, 0, node_rank * p + rank, &across);
+    measure(across, m.bw_inter);
+    MPI_Comm_free(&across);
+  }
+  return m;
+}
+
+// The forward (and backward) pass of the strategy, timed per ring step and per Ulysses stage. Collective.
+template <class T>
+Computed compute(const Config& c, const Shard& s, Strategy sp, Tensors<T>& t, MPI_Comm comm) {
   int rank, p;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &p);
@@ -413,19 +483,43 @@ Computed compute(const Config& c, const Shard& s, Tensors<T>& t, MPI_Comm comm) 
   opts.causal = c.causal, opts.softmax_scale = c.scale, opts.softcap = c.softcap;
   opts.deterministic = !c.nondeterministic;
   if (!c.window.empty()) opts.window_left = c.window[0], opts.window_right = c.window[1];
-  kfa::dist::Ring ring(comm, c.layout == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous);
-  if (c.max_message_bytes > 0) ring.set_max_message_bytes(static_cast<std::size_t>(c.max_message_bytes));
+  const kfa::dist::Layout layout = c.layout == "zigzag" ? kfa::dist::Layout::zigzag : kfa::dist::Layout::contiguous;
+  if (sp.u == 0) {  // --sp auto
+    if (p == 1)
+      sp.u = 1, sp.why = "auto: one rank";
+    else
+      choose(sp, calibrate<T>(c, s, opts, comm));
+  }
+  // The ring of all ranks, or the Ulysses groups and the ring between them.
+  std::unique_ptr<kfa::dist::Ring> own_ring;
+  std::unique_ptr<kfa::dist::Ulysses> ulysses;
+  if (sp.u == 1)
+    own_ring.reset(new kfa::dist::Ring(comm, layout));
+  else
+    ulysses.reset(new kfa::dist::Ulysses(comm, sp.u, layout));
+  if (c.max_message_bytes > 0) {
+    if (own_ring) own_ring->set_max_message_bytes(static_cast<std::size_t>(c.max_message_bytes));
+    if (ulysses) ulysses->set_max_message_bytes(static_cast<std::size_t>(c.max_message_bytes));
+  }
+  const kfa::dist::Ring& ring = own_ring ? *own_ring : ulysses->ring();
   t.o = Tensor<T>("kfa-longseq::o", s.batch, s.n, s.heads, s.d);
   t.lse = Lse<T>("kfa-longseq::lse", s.batch, s.heads, s.n);
   Computed r;
-  // The bare ring exchange of one K/V shard, timed with nothing to hide it: the measured transfer time
-  // that "hidden" compares with. The faster of two (the first also pays for setting up connections).
-  const size_t exchange_count = static_cast<size_t>(2 * s.batch * max_over(s.n, comm) * s.kv_heads * s.d);
+  r.sp = sp;
+  // The bare ring exchange of one K/V shard (of the ring's ranks: with Ulysses groups, the group's tokens of the
+  // key/value heads a rank holds), timed with nothing to hide it: the measured transfer time that "hidden"
+  // compares with. The faster of two (the first also pays for setting up connections).
+  const long ring_tokens = max_over(s.n, comm) * sp.u;
+  const long ring_kv_heads = sp.u == 1 ? s.kv_heads : kv_local_heads(s.heads, s.kv_heads, sp.u);
+  const size_t exchange_count = static_cast<size_t>(2 * s.batch * ring_tokens * ring_kv_heads * s.d);
   r.exchange_bytes = double(exchange_count) * sizeof(T);
-  if (p > 1)
+  if (ring.size() > 1)
     r.exchange_alone_s = std::min(kfa::dist::time_ring_exchange<T>(Exec(), ring, exchange_count),
                                   kfa::dist::time_ring_exchange<T>(Exec(), ring, exchange_count));
-  kfa::dist::RingStats fst, bst;
+  kfa::dist::UlyssesStats fus, bus;
+  kfa::dist::RingStats own_fst, own_bst;
+  kfa::dist::RingStats& fst = ulysses ? fus.ring : own_fst;
+  kfa::dist::RingStats& bst = ulysses ? bus.ring : own_bst;
   Progress progress(c, rank, p);
   fst.on_step = progress.hook("forward", 0.0, 1.0, c.backward ? 3.5 : 1.0);
   bst.on_step = progress.hook("backward", 1.0, 2.5, 3.5);
@@ -437,7 +531,12 @@ Computed compute(const Config& c, const Shard& s, Tensors<T>& t, MPI_Comm comm) 
     t.dk = Tensor<T>("kfa-longseq::dk", s.batch, s.n, s.kv_heads, s.d);
     t.dv = Tensor<T>("kfa-longseq::dv", s.batch, s.n, s.kv_heads, s.d);
   }
-  if (s.documents.empty()) {
+  if (ulysses) {
+    kfa::dist::ulysses_attention_forward(Exec(), *ulysses, t.q, t.k, t.v, t.o, t.lse, opts, &fus);
+    if (c.backward)
+      kfa::dist::ulysses_attention_backward(Exec(), *ulysses, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts,
+                                            &bus);
+  } else if (s.documents.empty()) {
     kfa::dist::ring_attention_forward(Exec(), ring, t.q, t.k, t.v, t.o, t.lse, opts, &fst);
     if (c.backward)
       kfa::dist::ring_attention_backward(Exec(), ring, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts, &bst);
@@ -462,6 +561,14 @@ Computed compute(const Config& c, const Shard& s, Tensors<T>& t, MPI_Comm comm) 
   r.attention_s = max_over(r.attention_s, comm), r.merge_s = max_over(r.merge_s, comm);
   r.transport = ring.transport<Mem>();
   r.max_message_bytes = ring.max_message_bytes();
+  if (ulysses) {
+    r.a2a_to_heads_s = max_over(fus.to_heads_s + bus.to_heads_s, comm);
+    r.a2a_to_sequence_s = max_over(fus.to_sequence_s + bus.to_sequence_s, comm);
+    r.a2a_bytes = max_over(double(fus.a2a_bytes + bus.a2a_bytes), comm);
+    r.a2a_transport = ulysses->group().transport<Mem>();
+    r.heads_plan = fus.heads.describe();
+    r.groups_within_nodes = ulysses->groups_within_nodes();
+  }
   corrupt_for_tests(t);
   return r;
 }
@@ -637,7 +744,21 @@ void print_report(const Config& c, const Shard& s, int p, const Outcome& x) {
                               : "  documents: " + std::to_string(s.documents.size() - 1) + " packed in " +
                                     std::to_string(s.seq) + " tokens, longest " + std::to_string(s.longest_document()) +
                                     " (no token sees another document's)\n")
-      << "  ring transport: " << x.comp.transport << ", messages of at most " << x.comp.max_message_bytes << " bytes\n";
+      << "  sequence parallelism: " << x.comp.sp.kind(p) << " (Ulysses degree " << x.comp.sp.u << ", ring of "
+      << p / x.comp.sp.u << " rank" << (p / x.comp.sp.u == 1 ? "" : "s") << "): " << x.comp.sp.why << "\n";
+  if (x.comp.sp.u > 1) {
+    char a2a[512];
+    std::snprintf(
+        a2a, sizeof a2a,
+        "  all-to-all: to heads %s + back %s (slowest rank), %.0f bytes sent per rank (max), %s; groups of %d "
+        "consecutive ranks %s\n  heads: %s\n",
+        secs(x.comp.a2a_to_heads_s).c_str(), secs(x.comp.a2a_to_sequence_s).c_str(), x.comp.a2a_bytes,
+        x.comp.a2a_transport.c_str(), x.comp.sp.u,
+        x.comp.groups_within_nodes ? "each within a node" : "spanning nodes (the all-to-all crosses them)",
+        x.comp.heads_plan.c_str());
+    rep << a2a;
+  }
+  rep << "  ring transport: " << x.comp.transport << ", messages of at most " << x.comp.max_message_bytes << " bytes\n";
   if (c.backward)
     rep << "  dO: "
         << (x.do_source == "file" ? "dataset 'do' of " + c.input
@@ -734,6 +855,22 @@ Json summary(const Config& c, const Shard& s, int p, const Outcome& x) {
   js.add("transfer_bytes", split.transfer_bytes).add("exchange_alone_s", x.comp.exchange_alone_s);
   js.add("communication_hidden", hidden_known ? Json::num(hidden) : Json::null());
   js.add("tflops", flops / x.comp.total_s * 1e-12).add("tokens_per_s", s.batch * s.seq / x.comp.total_s);
+  js.add("sp", x.comp.sp.kind(p)).add("sp_asked", c.sp).add("sp_reason", x.comp.sp.why);
+  js.add("ulysses_degree", x.comp.sp.u).add("ring_degree", p / x.comp.sp.u);
+  js.add("a2a_to_heads_s", x.comp.a2a_to_heads_s).add("a2a_to_sequence_s", x.comp.a2a_to_sequence_s);
+  js.add("a2a_bytes", x.comp.a2a_bytes);
+  js.add("a2a_transport", x.comp.sp.u > 1 ? Json::str(x.comp.a2a_transport) : Json::null());
+  js.add("heads_plan", x.comp.sp.u > 1 ? Json::str(x.comp.heads_plan) : Json::null());
+  if (!x.comp.sp.predictions.empty()) {
+    Json pred, model;
+    for (const auto& q : x.comp.sp.predictions) pred.add(q.name(p), q.total());
+    const SpModelInputs& m = x.comp.sp.model;
+    model.add("rate_flops", m.rate).add("bw_intra_bytes_per_s", m.bw_intra).add("bw_inter_bytes_per_s", m.bw_inter);
+    model.add("latency_s", m.latency_s).add("node_ranks", m.node_ranks);
+    js.add("sp_predicted_s", pred).add("sp_model", model);
+  } else {
+    js.add("sp_predicted_s", Json::null()).add("sp_model", Json::null());
+  }
   js.add("memory_high_water_mib", x.memory_high_water_mib);
   js.add("host_memory_peak_mib", x.mem.peak_mib).add("tensor_mib", x.mem.tensor_mib);
   js.add("host_memory_ratio", x.mem.ratio).add("tensors_on_host", device_is_host);
@@ -805,12 +942,13 @@ int run(const Config& c, MPI_Comm comm) {
   const double t_start = MPI_Wtime();
   Input in;
   const Shard s = describe_input(c, in, comm);
+  const Strategy sp = asked_strategy(c, p, s.heads, !s.documents.empty());
   kfa::io::agree(comm, memory_problem<T>(c, s, p, comm));  // every rank refuses alike, before allocating
   Tensors<T> t;
   Outcome x;
   x.in = load_inputs(c, s, in, t, comm, t_start);
   x.in_bad = scan_inputs(c, s, t, comm);
-  x.comp = compute(c, s, t, comm);
+  x.comp = compute(c, s, sp, t, comm);
   x.chk = check(c, s, t, comm);
   // Non-finite results (NaN/Inf inputs let through, or scores that overflow the compute dtype): exit 4 and
   // nothing written, unless --allow-nonfinite.
@@ -973,6 +1111,16 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--layout", c.layout, "how the sequence is sharded over the ranks (zigzag balances causal work)")
       ->check(CLI::IsMember({"contiguous", "zigzag"}));
+  app.add_option(
+         "--sp", c.sp,
+         "sequence parallelism: ring (K/V around the ranks), ulysses (all-to-all to heads: --heads divisible "
+         "by the ranks), hybrid (all-to-all inside groups of --ulysses-degree consecutive ranks, the ring across "
+         "them) or auto (the cost model's choice, calibrated at the start of the run; the report says why)")
+      ->check(CLI::IsMember({"ring", "ulysses", "hybrid", "auto"}))
+      ->default_str("ring");
+  app.add_option("--ulysses-degree", c.ulysses_degree,
+                 "with --sp hybrid: ranks per all-to-all group (divides the ranks and --heads)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-message-bytes", c.max_message_bytes,
                  "split ring messages into chunks of at most this many bytes")
       ->check(CLI::Range(1L, 2147483647L))

@@ -74,6 +74,14 @@ void ulysses_forward(const char* fn, const ExecSpace& space, const Ulysses& u, c
   const long b = q.extent(0), d = q.extent(3);
   const int du = u.degree(), g = u.group_index();
   const bool timed = stats != nullptr;
+  if (du == 1) {  // no all-to-all: the ring of all ranks on the shards as they are
+    if (timed) stats->heads = hp, stats->transport = u.group().transport<Mem>();
+    const double t = stamp(space, timed);
+    agree_on_stage(u, fn, "attention", capture([&] { u.injected_fault(1); }));
+    ring_forward(fn, space, u.ring(), map, RingDocuments{}, q, k, v, o, lse, opts, timed ? &stats->ring : nullptr);
+    if (timed) stats->attention_s = stats->total_s = stamp(space, true) - t;
+    return;
+  }
   const double t0 = stamp(space, timed);
   GroupTokens tq, tk;
   group_runs(map, false, du, g, &tq), group_runs(map, true, du, g, &tk);
@@ -152,6 +160,16 @@ void ulysses_backward(const char* fn, const ExecSpace& space, const Ulysses& u, 
   const long b = q.extent(0), d = q.extent(3);
   const int du = u.degree(), g = u.group_index();
   const bool timed = stats != nullptr;
+  if (du == 1) {  // no all-to-all: the ring of all ranks on the shards as they are
+    if (timed) stats->heads = hp, stats->transport = u.group().transport<Mem>();
+    const double t = stamp(space, timed);
+    agree_on_stage(u, fn, "attention", capture([&] { u.injected_fault(1); }));
+    const auto dd = agreed_row_dot(space, u.ring(), fn, o, d_o);
+    ring_backward(fn, space, u.ring(), map, RingDocuments{}, q, k, v, dd, d_o, lse, dq, dk, dv, opts,
+                  timed ? &stats->ring : nullptr);
+    if (timed) stats->attention_s = stats->total_s = stamp(space, true) - t;
+    return;
+  }
   const double t0 = stamp(space, timed);
   GroupTokens tq, tk;
   group_runs(map, false, du, g, &tq), group_runs(map, true, du, g, &tk);

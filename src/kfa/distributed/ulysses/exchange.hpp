@@ -99,6 +99,35 @@ long columns_of(const V& x) {
   return static_cast<int>(V::rank) == 4 ? static_cast<long>(x.extent(3)) : 1L;
 }
 
+/// Calls f(row, c0, c1) (columns [c0, c1) of a row) over rows × cols: on the host once per row with all its
+/// columns (the row's index arithmetic once, the copy vectorized), on a device once per element, a team's threads
+/// over rows and vector lanes over a row's columns (coalesced along the row).
+template <class ExecSpace, class F>
+void for_rows(const char* label, const ExecSpace& space, std::int64_t rows, std::int64_t cols, const F& f) {
+  if (rows == 0 || cols == 0) return;
+  constexpr bool device = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  if constexpr (!device) {
+    Kokkos::parallel_for(
+        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, rows),
+        KOKKOS_LAMBDA(const std::int64_t r) { f(r, std::int64_t(0), cols); });
+  } else {
+    constexpr int team = 8, vec = 32;
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    const std::int64_t league = (rows + team - 1) / team;
+    if (league > 2147483647LL) kfa::detail::fail(label, ": ", rows, " rows exceed one launch");
+    Kokkos::parallel_for(
+        label, Policy(space, static_cast<int>(league), team, vec),
+        KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+          const std::int64_t r0 = static_cast<std::int64_t>(m.league_rank()) * team;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, team), [&](const int t) {
+            const std::int64_t r = r0 + t;
+            if (r >= rows) return;
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](const std::int64_t c) { f(r, c, c + 1); });
+          });
+        });
+  }
+}
+
 /// One tensor's all-to-all in a group, elements of type E: blocks packed per member, sent pairwise, unpacked.
 /// to_heads: a member's shard [b, n_me, H, c] becomes the group's tokens of its heads [b, n_group, H/U, c];
 /// to_sequence the reverse. Rank-3 tensors ([b, H, n]: lse, D) travel as c = 1.
@@ -175,14 +204,13 @@ class HeadExchange {
     std::vector<std::int64_t> off(u);
     for (int m = 0; m < u; ++m) off[m] = m_send_off[m];
     const auto offs = to_device64(off, "kfa::dist::ulysses::pack_offsets");
-    Kokkos::parallel_for(
-        "kfa::dist::ulysses::pack_to_heads",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(m_space, 0, total),
-        KOKKOS_LAMBDA(const std::int64_t idx) {
-          const std::int64_t c = idx % cols, t1 = idx / cols, h = t1 % hl, t2 = t1 / hl, i = t2 % n, t3 = t2 / n;
-          const std::int64_t b = t3 % bt, m = t3 / bt;
-          E* dst = m == me ? own : send + offs(m);
-          dst[((b * n + i) * hl + h) * cols + c] = static_cast<E>(at4(x, b, i, table(m * hl + h), c));
+    for_rows(
+        "kfa::dist::ulysses::pack_to_heads", m_space, total / cols, cols,
+        KOKKOS_LAMBDA(const std::int64_t row, const std::int64_t c0, const std::int64_t c1) {
+          const std::int64_t h = row % hl, t2 = row / hl, i = t2 % n, t3 = t2 / n, b = t3 % bt, m = t3 / bt;
+          E* dst = (m == me ? own : send + offs(m)) + ((b * n + i) * hl + h) * cols;
+          const std::int64_t hh = table(m * hl + h);
+          for (std::int64_t c = c0; c < c1; ++c) dst[c] = static_cast<E>(at4(x, b, i, hh, c));
         });
   }
 
@@ -198,12 +226,12 @@ class HeadExchange {
         const E* src = m_recv.data() + m_recv_off[s];
         const std::int64_t total = bt * len * hl * cols;
         if (total == 0) continue;
-        Kokkos::parallel_for(
-            "kfa::dist::ulysses::unpack_heads",
-            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(m_space, 0, total),
-            KOKKOS_LAMBDA(const std::int64_t idx) {
-              const std::int64_t c = idx % cols, t1 = idx / cols, h = t1 % hl, t2 = t1 / hl, i = t2 % len, b = t2 / len;
-              at4(y, b, gb + i, h, c) = src[((b * ns + mb + i) * hl + h) * cols + c];
+        for_rows(
+            "kfa::dist::ulysses::unpack_heads", m_space, total / cols, cols,
+            KOKKOS_LAMBDA(const std::int64_t row, const std::int64_t c0, const std::int64_t c1) {
+              const std::int64_t h = row % hl, t2 = row / hl, i = t2 % len, b = t2 / len;
+              const E* from = src + ((b * ns + mb + i) * hl + h) * cols;
+              for (std::int64_t c = c0; c < c1; ++c) at4(y, b, gb + i, h, c) = from[c];
             });
       }
   }
@@ -220,12 +248,12 @@ class HeadExchange {
         E* dst = s == me ? m_recv.data() + m_recv_off[me] : m_send.data() + m_send_off[s];
         const std::int64_t total = bt * len * hl * cols;
         if (total == 0) continue;
-        Kokkos::parallel_for(
-            "kfa::dist::ulysses::pack_to_sequence",
-            Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(m_space, 0, total),
-            KOKKOS_LAMBDA(const std::int64_t idx) {
-              const std::int64_t c = idx % cols, t1 = idx / cols, h = t1 % hl, t2 = t1 / hl, i = t2 % len, b = t2 / len;
-              dst[((b * ns + mb + i) * hl + h) * cols + c] = static_cast<E>(at4(y, b, gb + i, h, c));
+        for_rows(
+            "kfa::dist::ulysses::pack_to_sequence", m_space, total / cols, cols,
+            KOKKOS_LAMBDA(const std::int64_t row, const std::int64_t c0, const std::int64_t c1) {
+              const std::int64_t h = row % hl, t2 = row / hl, i = t2 % len, b = t2 / len;
+              E* to = dst + ((b * ns + mb + i) * hl + h) * cols;
+              for (std::int64_t c = c0; c < c1; ++c) to[c] = static_cast<E>(at4(y, b, gb + i, h, c));
             });
       }
   }
@@ -243,17 +271,22 @@ class HeadExchange {
     const E* recv = m_recv.data();
     const auto begin = m_inv_begin;
     const auto pairs = m_inv_pairs;
-    Kokkos::parallel_for(
-        "kfa::dist::ulysses::unpack_sequence",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(m_space, 0, total),
-        KOKKOS_LAMBDA(const std::int64_t idx) {
-          const std::int64_t c = idx % cols, t1 = idx / cols, hh = t1 % hout, t2 = t1 / hout, i = t2 % n, b = t2 / n;
-          Acc s = 0;
-          for (int x = begin(hh); x < begin(hh + 1); ++x) {
-            const std::int64_t m = pairs(2 * x), h = pairs(2 * x + 1);
-            s += static_cast<Acc>(recv[m * blk + ((b * n + i) * hl + h) * cols + c]);
+    for_rows(
+        "kfa::dist::ulysses::unpack_sequence", m_space, total / cols, cols,
+        KOKKOS_LAMBDA(const std::int64_t row, const std::int64_t c0, const std::int64_t c1) {
+          const std::int64_t hh = row % hout, t2 = row / hout, i = t2 % n, b = t2 / n;
+          const int x0 = begin(hh), x1 = begin(hh + 1);
+          if (x1 == x0 + 1) {  // one copy: moved as it is
+            const E* from = recv + pairs(2 * x0) * blk + ((b * n + i) * hl + pairs(2 * x0 + 1)) * cols;
+            for (std::int64_t c = c0; c < c1; ++c) at4(out, b, i, hh, c) = static_cast<O>(static_cast<Acc>(from[c]));
+            return;
           }
-          at4(out, b, i, hh, c) = static_cast<O>(s);
+          for (std::int64_t c = c0; c < c1; ++c) {
+            Acc s = 0;
+            for (int x = x0; x < x1; ++x)
+              s += static_cast<Acc>(recv[pairs(2 * x) * blk + ((b * n + i) * hl + pairs(2 * x + 1)) * cols + c]);
+            at4(out, b, i, hh, c) = static_cast<O>(s);
+          }
         });
   }
 
