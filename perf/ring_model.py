@@ -62,11 +62,26 @@ Model (P > 1; c = step compute; m = latency + bytes / bw; exposed(m) = max(0, m 
              + exposed(m_acc) [last step] + exposed(m_acc, q * cb) + home_x * n/n0 [the accumulators' trip
              home, behind the last step's dQ kernels, q = dQ share]
   P = 1: F / r1f (+ 2.5 F / r1b).  Weak-scaling efficiency = P * T(P=1, n) / T(P); strong = T(P=1, N) / (P T(P)).
+STRATEGIES (--strategies): ring, Ulysses and the hybrid side by side, the model kfa-longseq --sp auto chooses by
+(apps/kfa-longseq/strategy.hpp; the same formulas, keep the two in step). Per rank, Ulysses degree U, R = P / U:
+  compute   C = 4*B*N^2*H*d (halved when causal) / P / rate, x3.5 with --backward (the same for every U)
+  all-to-all (U > 1, not hidden): bytes sent / bw_a2a + a latency per message (forward q, k, v to heads and o,
+            lse back; backward q, k, v, dO, lse, D to heads and dq, dk, dv back); bw_a2a = intra-node when U
+            ranks fit a node (U divides the ranks per node), else inter-node
+  ring      (R > 1): per step the K/V of a ring shard (N/R tokens, the key/value heads a rank holds; backward:
+            plus fp32 dK/dV), exposed where a step's compute C/R does not hide it, R - 1 times; the backward's
+            accumulators home after the last step (behind its dQ share, 3/7); inter-node links when P > node
+  overhead  an agreement (2*ceil(log2 P) latencies) per ring step and per Ulysses stage
+  python3 perf/ring_model.py --strategies --ranks 8 16 32 --node-ranks 8 --seq 1048576 --heads 32 --kv-heads 8 \
+      --head-dim 128 --dtype-bytes 2 --causal --backward --kernel-tflops 500 --intra-gbs 150 --inter-gbs 25
+  python3 perf/ring_model.py --strategies --from-json run.json   (shape and calibration of a kfa-longseq --sp auto
+      run: its predictions again, for any other --ranks / --seq)
 Communication hides completely above n* tokens per rank: forward cf(n*) = m_kv(n*); backward (middle steps)
 cb(n*) = m_kv+acc(n*). No P > 2 run exists: the P = 8...1024 rows are extrapolations of this model.
 """
 import argparse
 import csv
+import json
 import math
 import os
 import re
@@ -79,6 +94,7 @@ DEFAULT_CALIBRATE = os.path.join(RAW, "s5call7_bench_ring.log")
 DEFAULT_VALIDATE = [os.path.join(RAW, "s5call6_bench_ring.log")]
 DEFAULT_STAGING = os.path.join(RAW, "bench_ring_run4_staging.log")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+DEFAULT_RANKS = [8, 16, 32, 64, 128, 256, 512, 1024]
 
 
 # ---------------------------------------------------------------- legacy mode (unchanged)
@@ -480,6 +496,105 @@ def calibrated(a):
     return 0
 
 
+# ---------------------------------------------------------------- strategies mode
+def kv_local_heads(heads, kv_heads, u):
+    ql, g = heads // u, heads // kv_heads
+    if kv_heads % u == 0:
+        return kv_heads // u
+    if g % ql == 0:
+        return 1
+    return ql
+
+
+def predict_strategy(m, u):
+    """kfa-longseq's SpPrediction for Ulysses degree u: dict of compute, a2a, ring, overhead, total seconds."""
+    p = m["ranks"]
+    r = p // u
+    n, b, e, a, d = m["seq"] / p, m["batch"], m["elem_bytes"], m["acc_bytes"], m["d"]
+    hl, kvl = m["heads"] / u, kv_local_heads(m["heads"], m["kv_heads"], u)
+    flops = 4.0 * b * m["seq"] * m["seq"] * m["heads"] * d * (0.5 if m["causal"] else 1.0)
+    cf = flops / p / m["rate"]
+    cb = 2.5 * cf
+    out = {"u": u, "compute": cf + (cb if m["backward"] else 0.0), "a2a": 0.0, "ring": 0.0, "overhead": 0.0}
+    multi_node = m["node_ranks"] < p
+    groups_in_node = u <= m["node_ranks"] and m["node_ranks"] % u == 0
+    lat_agree = 2.0 * math.ceil(math.log2(max(2, p))) * m["latency_s"]
+    if u > 1:
+        bw, peers = (m["bw_intra"] if groups_in_node else m["bw_inter"]), u - 1
+        nbytes = peers * b * n * ((hl + 2 * kvl) * d * e + hl * (d * e + a))
+        messages = 5
+        if m["backward"]:
+            nbytes += peers * b * n * ((2 * hl + 2 * kvl) * d * e + 2 * hl * a + (hl + 2 * kvl) * d * e)
+            messages += 9
+        out["a2a"] = nbytes / bw + messages * peers * m["latency_s"]
+        out["overhead"] += (10 if m["backward"] else 5) * lat_agree
+    if r > 1:
+        bw = m["bw_inter"] if multi_node else m["bw_intra"]
+        shard = b * (m["seq"] / r) * kvl * d
+        kv = 2 * shard * e / bw + m["latency_s"]
+        acc = 2 * shard * a / bw + m["latency_s"]
+        out["ring"] = (r - 1) * max(0.0, kv - cf / r)
+        if m["backward"]:
+            out["ring"] += (r - 1) * max(0.0, kv + acc - cb / r) + max(0.0, acc - cb / r * 3.0 / 7.0)
+        out["overhead"] += (2 if m["backward"] else 1) * r * lat_agree
+    out["total"] = out["compute"] + out["a2a"] + out["ring"] + out["overhead"]
+    return out
+
+
+def strategy_name(u, p):
+    return "ring" if u == 1 else "ulysses" if u == p else f"hybrid U={u}"
+
+
+def strategies(a):
+    """--strategies: every Ulysses degree's prediction per (P, N), the smallest marked; --csv writes the rows."""
+    m0 = {"batch": 1, "heads": a.heads or 32, "kv_heads": a.kv_heads or a.heads or 32, "d": a.head_dim or 128,
+          "elem_bytes": a.dtype_bytes or 2, "acc_bytes": 8 if a.dtype_bytes == 8 else 4, "causal": a.causal,
+          "backward": a.backward, "rate": (a.kernel_tflops or 500.0) * 1e12, "bw_intra": (a.intra_gbs or 150.0) * 1e9,
+          "bw_inter": (a.inter_gbs or 25.0) * 1e9, "latency_s": (a.latency or 5.0) * 1e-6,
+          "node_ranks": a.node_ranks or 8}
+    ranks, seqs = a.ranks, a.seq or [2 ** 20]
+    if a.from_json:
+        with open(a.from_json) as f:
+            j = json.load(f)
+        if not j.get("sp_model"):
+            sys.exit(f"ring_model.py: {a.from_json} has no sp_model (kfa-longseq --sp auto on two ranks or more)")
+        cal = j["sp_model"]
+        m0.update({"batch": j["batch"], "heads": j["heads"], "kv_heads": j["kv_heads"], "d": j["head_dim"],
+                   "elem_bytes": DTYPE_BYTES[j["dtype"]], "acc_bytes": 8 if j["dtype"] == "float64" else 4,
+                   "causal": j["causal"], "backward": j["backward"], "rate": cal["rate_flops"],
+                   "bw_intra": cal["bw_intra_bytes_per_s"], "bw_inter": cal["bw_inter_bytes_per_s"],
+                   "latency_s": cal["latency_s"], "node_ranks": cal["node_ranks"]})
+        if a.ranks == DEFAULT_RANKS:
+            ranks = [j["ranks"]]
+        if not a.seq:
+            seqs = [j["seq"]]
+    print(f"strategies model: batch {m0['batch']}, heads {m0['heads']}/{m0['kv_heads']}, d {m0['d']}, "
+          f"{m0['elem_bytes']}-byte elements, {'causal' if m0['causal'] else 'non-causal'}, "
+          f"{'forward+backward' if m0['backward'] else 'forward'}; kernel {m0['rate'] * 1e-12:.4g} TFLOP/s per rank, "
+          f"intra-node {m0['bw_intra'] * 1e-9:.4g} GB/s, inter-node {m0['bw_inter'] * 1e-9:.4g} GB/s, "
+          f"latency {m0['latency_s'] * 1e6:.3g} us, {m0['node_ranks']} ranks per node")
+    rows = []
+    for p in ranks:
+        for n in seqs:
+            m = dict(m0, ranks=p, seq=n)
+            preds = [predict_strategy(m, u) for u in range(1, p + 1) if p % u == 0 and m["heads"] % u == 0]
+            best = min(preds, key=lambda x: x["total"])
+            for x in preds:
+                rows.append({"ranks": p, "seq": n, "strategy": strategy_name(x["u"], p), "u": x["u"],
+                             "ring_degree": p // x["u"], "compute_s": x["compute"], "a2a_s": x["a2a"],
+                             "ring_exposed_s": x["ring"], "overhead_s": x["overhead"], "total_s": x["total"],
+                             "chosen": x is best})
+                print(f"P {p:5d} N {n:9d} {strategy_name(x['u'], p):>14s} (R {p // x['u']:4d}): total "
+                      f"{x['total']:.6g} s = compute {x['compute']:.4g} + all-to-all {x['a2a']:.4g} + ring exposed "
+                      f"{x['ring']:.4g} + overhead {x['overhead']:.4g}{'   <- chosen' if x is best else ''}")
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, help="LEGACY mode: per-rank block compute rate, GFLOP/s")
@@ -492,7 +607,7 @@ def main():
     ap.add_argument("--dtype-bytes", type=int, help="legacy default 2; calibrated: from the log's dtype")
     ap.add_argument("--causal", action="store_true", help="zigzag-balanced causal: half the compute per step "
                     "(calibrated: from the log)")
-    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024])
+    ap.add_argument("--ranks", type=int, nargs="+", default=DEFAULT_RANKS)
     ap.add_argument("--seq", type=int, nargs="+",
                     help="sequence lengths (legacy default 2^20 2^22 2^24; calibrated: strong scaling, default 2^20)")
     ap.add_argument("--csv", help="also write every row to this CSV file")
@@ -519,7 +634,17 @@ def main():
     g.add_argument("--bwd-rate", type=float, help="override rb (ring step backward rate), TFLOP/s")
     g.add_argument("--fwd-overhead", type=float, help="override Of, seconds")
     g.add_argument("--bwd-overhead", type=float, help="override Ob, seconds")
+    st = ap.add_argument_group("strategies mode (ring, Ulysses, hybrid; kfa-longseq --sp auto's model)")
+    st.add_argument("--strategies", action="store_true", help="predict ring, Ulysses and hybrid side by side")
+    st.add_argument("--from-json", help="a kfa-longseq --sp auto --json summary: its shape and calibration")
+    st.add_argument("--node-ranks", type=int, help="ranks per node (default 8)")
+    st.add_argument("--kernel-tflops", type=float, help="attention kernel rate per rank, TFLOP/s (default 500)")
+    st.add_argument("--intra-gbs", type=float, help="pairwise exchange inside a node, GB/s per rank (default 150)")
+    st.add_argument("--inter-gbs", type=float, help="pairwise exchange between nodes, GB/s per rank (default 25)")
+    st.add_argument("--backward", action="store_true", help="forward+backward")
     a = ap.parse_args()
+    if a.strategies:
+        return strategies(a)
     if a.rate is not None:
         return legacy(a)
     return calibrated(a)

@@ -451,8 +451,9 @@ SpModelInputs calibrate(const Config& c, const Shard& s, const kfa::AttentionOpt
   best = max_over(best, comm);
   m.rate = 4.0 * double(n) * double(n) * s.heads * s.d * (c.causal ? 0.5 : 1.0) / best;
   // pairwise exchanges as the ring makes them: of one K/V shard (at most 64 MiB), and of one byte (latency)
-  const size_t count = std::min<size_t>(static_cast<size_t>(2 * s.batch * std::max(1L, s.n) * s.kv_heads * s.d),
-                                        (size_t(64) << 20) / sizeof(T));
+  const long longest = max_over(std::max(1L, s.n), comm);  // the same count on every rank
+  const size_t count =
+      std::min<size_t>(static_cast<size_t>(2 * s.batch * longest * s.kv_heads * s.d), (size_t(64) << 20) / sizeof(T));
   auto measure = [&](MPI_Comm cm, double& bw) {
     kfa::dist::Ring ring(cm);
     const double t = std::min(kfa::dist::time_ring_exchange<T>(Exec(), ring, count),
