@@ -8,6 +8,8 @@ lengths, repeats every configuration, and writes CSV files, PNG plots and meta.j
   memory.csv/png   memory vs N on 1 rank: kfa-longseq's process high-water, and kfa's and the materialized
                    reference's extra allocations as kfa_bench_forward measures them (the reference stores N x N)
   speed.csv/png    TFLOP/s vs N on 1 rank
+  strategies.csv   with --strategies: forward+backward, causal, zigzag, at --strong-seq: the ring, Ulysses, every
+                   hybrid degree and --sp auto's choice side by side at each rank count above 1 (no plot)
   meta.json        machine, backend, host ISA, date, command line, grid
 
   /usr/bin/python3 perf/scaling_study.py --build build --out perf/study [--ranks 1,2,4] [--reps 3] [--quick]
@@ -132,7 +134,7 @@ class Study:
     def flops(self, seq, causal):
         return 4.0 * self.a.batch * self.a.heads * float(seq) * seq * self.a.head_dim * (0.5 if causal else 1.0)
 
-    def run(self, p, seq, causal, layout):
+    def run(self, p, seq, causal, layout, sp=None):
         a = self.a
         js = os.path.join(self.tmp, "run.json")
         if os.path.exists(js):
@@ -140,7 +142,8 @@ class Study:
         cmd = self.mpiexec + ["-n", str(p), self.app, "--generate", "--batch", str(a.batch), "--seqlen", str(seq),
                               "--heads", str(a.heads), "--head-dim", str(a.head_dim), "--dtype", a.dtype,
                               "--layout", layout, "--json", js] + (["--causal"] if causal else []) + \
-            (["--doc-lognormal"] + a.doc_lognormal.split(",") if a.doc_lognormal else [])
+            (["--doc-lognormal"] + a.doc_lognormal.split(",") if a.doc_lognormal else []) + \
+            (["--backward"] if sp else []) + (shlex.split(sp) if sp else [])
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, cores() // p)))
         self.count += 1
@@ -162,7 +165,7 @@ class Study:
                 sys.exit(f"scaling_study.py: asked for {key} {want}, the app's --json says {j[key]}")
         if self.first is None:
             self.first = j
-        t = self.flops(seq, causal) / j["compute_s"] * 1e-12
+        t = self.flops(seq, causal) / j["compute_s"] * 1e-12 * (3.5 if sp else 1.0)
         if a.doc_lognormal:  # documents: the app counts the pairs of each document (Σ L² instead of N²)
             t = j["tflops"]
         elif isinstance(j.get("tflops"), (int, float)) and abs(j["tflops"] - t) > 0.01 * t:
@@ -182,7 +185,7 @@ class Study:
         return runs
 
 
-def row(runs, p, seq, causal, layout, a):
+def row(runs, p, seq, causal, layout, a, sp=None):
     """The CSV row of one configuration: every value from the median run, plus the extremes' compute_s."""
     ranked = sorted(runs, key=lambda j: j["compute_s"])
     m = ranked[(len(ranked) - 1) // 2]
@@ -196,6 +199,9 @@ def row(runs, p, seq, causal, layout, a):
             r[k] = v
     if a.doc_lognormal:  # the mix this row ran: the app's count of documents and its longest
         r["documents"], r["longest_document"] = m.get("documents"), m.get("longest_document")
+    if sp:  # strategies.csv: what ran (auto: the model's choice) and what was asked
+        r["sp_asked"], r["sp"], r["ulysses_degree"] = sp, m.get("sp"), m.get("ulysses_degree")
+        r["a2a_bytes"] = m.get("a2a_bytes")
     r["memory_high_water_mib"] = m["memory_high_water_mib"]
     r["other_cores_busy"] = m["other_cores_busy"]
     return r
@@ -258,6 +264,8 @@ def main():
     ap.add_argument("--reference-max-n", type=int, default=16384,
                     help="largest N given to kfa_bench_forward for the memory columns (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes on 2 cores)")
+    ap.add_argument("--strategies", action="store_true",
+                    help="also strategies.csv: ring, Ulysses, hybrids and --sp auto side by side (forward+backward)")
     ap.add_argument("--doc-lognormal", metavar="MEDIAN,SIGMA,MIN,MAX,SEED",
                     help="a length mix: every run packs documents of these log-normal lengths into its sequence "
                          "(kfa-longseq --doc-lognormal; needs --batch 1); TFLOP/s then count each document's pairs")
@@ -294,6 +302,8 @@ def main():
     too_short = [p for p in ranks if n_strong < 2 * p]
     if too_short:
         ap.error(f"--strong-seq {n_strong} is shorter than 2 x {too_short[0]} ranks (zigzag needs two chunks per rank)")
+    if a.strategies and a.doc_lognormal:
+        ap.error("--strategies with --doc-lognormal: only the ring takes documents")
     os.makedirs(a.out, exist_ok=True)
     s = Study(a)
     date = datetime.date.today().isoformat()
@@ -303,8 +313,17 @@ def main():
     weak_c = {("weak", p): (p, per_rank * p, False, "contiguous") for p in ranks}
     causal_c = {("causal", p, lay): (p, n_strong, True, lay) for p in ranks if p > 1 for lay in ("contiguous", "zigzag")}
     one_c = {("one", n): (1, n, False, "contiguous") for n in lengths}
+    # --strategies: forward+backward, causal, zigzag, N = --strong-seq: the ring, Ulysses (heads permitting), every
+    # hybrid degree, and the cost model's choice (auto), side by side
+    sp_c = {}
+    if a.strategies:
+        for p in (p for p in ranks if p > 1):
+            asked = ["--sp ring", "--sp auto"] + (["--sp ulysses"] if a.heads % p == 0 else []) + \
+                [f"--sp hybrid --ulysses-degree {u}" for u in range(2, p) if p % u == 0 and a.heads % u == 0]
+            for sp in asked:
+                sp_c[("sp", p, sp)] = (p, n_strong, True, "zigzag", sp)
     try:
-        runs = s.sweep({**strong_c, **weak_c, **causal_c, **one_c})
+        runs = s.sweep({**strong_c, **weak_c, **causal_c, **one_c, **sp_c})
     finally:
         shutil.rmtree(s.tmp, ignore_errors=True)
     mem, bench_isa = bench_memory(a, lengths)
@@ -331,7 +350,9 @@ def main():
     speed = [{k: r[k] for k in ("seq", "dtype", "causal", "batch", "heads", "head_dim", "reps", "compute_s", "compute_s_min",
                                 "compute_s_max", "tflops", "tflops_min", "tflops_max", "documents", "longest_document")
               if k in r} for r in one]
-    for name, rows in (("strong", strong), ("weak", weak), ("causal", causal), ("memory", memory), ("speed", speed)):
+    strategies = [row(runs[k], *c[:4], a, sp=c[4]) for k, c in sp_c.items()]
+    for name, rows in (("strong", strong), ("weak", weak), ("causal", causal), ("memory", memory), ("speed", speed),
+                       ("strategies", strategies)):
         if rows:
             write_csv(os.path.join(a.out, name + ".csv"), rows)
         elif os.path.exists(os.path.join(a.out, name + ".csv")):
