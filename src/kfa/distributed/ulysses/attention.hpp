@@ -83,6 +83,9 @@ void ulysses_forward(const char* fn, const ExecSpace& space, const Ulysses& u, c
     return;
   }
   const double t0 = stamp(space, timed);
+  // the group's transport (NCCL's communicator on first use), agreed over all ranks: a group that fails to set up
+  // throws on all of its members together, which must not leave the other groups waiting
+  agree_on_stage(u, fn, "all-to-all to heads", capture([&] { prepare_transport<Mem>(u.group(), fn); }));
   GroupTokens tq, tk;
   group_runs(map, false, du, g, &tq), group_runs(map, true, du, g, &tk);
   const ShardMap rmap = ring_map_of(map, du, u.ring_degree());
@@ -171,6 +174,9 @@ void ulysses_backward(const char* fn, const ExecSpace& space, const Ulysses& u, 
     return;
   }
   const double t0 = stamp(space, timed);
+  // the group's transport (NCCL's communicator on first use), agreed over all ranks: a group that fails to set up
+  // throws on all of its members together, which must not leave the other groups waiting
+  agree_on_stage(u, fn, "all-to-all to heads", capture([&] { prepare_transport<Mem>(u.group(), fn); }));
   GroupTokens tq, tk;
   group_runs(map, false, du, g, &tq), group_runs(map, true, du, g, &tk);
   const ShardMap rmap = ring_map_of(map, du, u.ring_degree());
