@@ -85,39 +85,10 @@ class Ulysses {
   /// call: 0 the all-to-all to heads, 1 the attention between them, 2 the all-to-all back.
   Ulysses(MPI_Comm comm, int degree, Layout layout = Layout::contiguous, GpuAwareMpi gpu_aware = GpuAwareMpi::automatic)
       : m_all(comm, layout, gpu_aware),
-        m_group(comm_self(), layout, gpu_aware),
-        m_ring(comm_self(), layout, gpu_aware) {
-    const int p = m_all.size(), r = m_all.rank();
-    int lo = degree, hi = degree;
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, m_all.comm()), "MPI_Allreduce");
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, m_all.comm()), "MPI_Allreduce");
-    std::string err;
-    if (lo != hi)
-      err = "the degree differs across ranks (from " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
-    else if (degree < 1 || p % degree != 0)
-      err = "degree " + std::to_string(degree) + " does not divide the " + std::to_string(p) +
-            " ranks of the communicator (U ranks per all-to-all group, P / U groups in the ring)";
-    agree(m_all.comm(), err, "kfa::dist::Ulysses: ");
-    m_degree = degree;
-    MPI_Comm group = MPI_COMM_NULL, ring = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(m_all.comm(), r / degree, r, &group), "MPI_Comm_split");
-    check_mpi(MPI_Comm_split(m_all.comm(), r % degree, r, &ring), "MPI_Comm_split");
-    m_group = Ring(group, Layout::contiguous, gpu_aware);
-    m_ring = Ring(ring, layout, gpu_aware);
-    MPI_Comm_free(&group);
-    MPI_Comm_free(&ring);
-    // Whether every group lies within one node (the ranks that share memory, as MPI says).
-    MPI_Comm node = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(m_all.comm(), MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-    int node_id = r;  // the lowest rank of this rank's node
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &node_id, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce");
-    MPI_Comm_free(&node);
-    int nlo = node_id, nhi = node_id;
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &nlo, 1, MPI_INT, MPI_MIN, m_group.comm()), "MPI_Allreduce");
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &nhi, 1, MPI_INT, MPI_MAX, m_group.comm()), "MPI_Allreduce");
-    int within = nlo == nhi ? 1 : 0;
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &within, 1, MPI_INT, MPI_MIN, m_all.comm()), "MPI_Allreduce");
-    m_within_nodes = within != 0;
+        m_degree(agreed_degree(m_all, degree)),
+        m_group(Split(m_all.comm(), m_all.rank() / m_degree).comm, Layout::contiguous, gpu_aware),
+        m_ring(Split(m_all.comm(), m_all.rank() % m_degree).comm, layout, gpu_aware),
+        m_within_nodes(groups_share_nodes(m_all, m_group)) {
     if (const char* f = std::getenv("KFA_ULYSSES_FAULT"))
       if (std::sscanf(f, "%d:%d", &m_fault_rank, &m_fault_stage) != 2) m_fault_rank = m_fault_stage = -1;
   }
@@ -162,10 +133,53 @@ class Ulysses {
   }
 
  private:
-  static MPI_Comm comm_self() { return MPI_COMM_SELF; }
-  Ring m_all, m_group, m_ring;
-  int m_degree = 1;
-  bool m_within_nodes = true;
+  /// MPI_Comm_split(comm, color, rank), freed at the end of the full-expression (the Ring has its duplicate).
+  struct Split {
+    MPI_Comm comm = MPI_COMM_NULL;
+    Split(MPI_Comm parent, int color) {
+      int r = 0;
+      MPI_Comm_rank(parent, &r);
+      check_mpi(MPI_Comm_split(parent, color, r, &comm), "MPI_Comm_split");
+    }
+    ~Split() {
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+    Split(const Split&) = delete;
+    Split& operator=(const Split&) = delete;
+  };
+  /// `degree`, once every rank has agreed that it is the same everywhere and divides the ranks (else throws).
+  static int agreed_degree(const Ring& all, int degree) {
+    int lo = degree, hi = degree;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, all.comm()), "MPI_Allreduce");
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, all.comm()), "MPI_Allreduce");
+    std::string err;
+    if (lo != hi)
+      err = "the degree differs across ranks (from " + std::to_string(lo) + " to " + std::to_string(hi) + ")";
+    else if (degree < 1 || all.size() % degree != 0)
+      err = "degree " + std::to_string(degree) + " does not divide the " + std::to_string(all.size()) +
+            " ranks of the communicator (U ranks per all-to-all group, P / U groups in the ring)";
+    agree(all.comm(), err, "kfa::dist::Ulysses: ");
+    return degree;
+  }
+  /// Whether every group's ranks share a node (the lowest rank of each rank's node, compared within groups).
+  static bool groups_share_nodes(const Ring& all, const Ring& group) {
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(all.comm(), MPI_COMM_TYPE_SHARED, all.rank(), MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    int node_id = all.rank();
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &node_id, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce");
+    MPI_Comm_free(&node);
+    int lo = node_id, hi = node_id;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, group.comm()), "MPI_Allreduce");
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, group.comm()), "MPI_Allreduce");
+    int within = lo == hi ? 1 : 0;
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &within, 1, MPI_INT, MPI_MIN, all.comm()), "MPI_Allreduce");
+    return within != 0;
+  }
+  Ring m_all;
+  int m_degree;
+  Ring m_group, m_ring;
+  bool m_within_nodes;
   int m_fault_rank = -1, m_fault_stage = -1;
 };
 
