@@ -1,7 +1,8 @@
 // Ring attention example: one causal sequence sharded over the MPI ranks in the zigzag layout, forward
 // and backward, each rank checking a few of its rows against float64 computed from the whole sequence.
+// --ulysses U runs the same shards with Ulysses (U = P) or the hybrid (all-to-all inside groups of U ranks).
 //
-//   mpirun -n P kfa_example_ring [--seq N] [--heads H] [--head-dim D]
+//   mpirun -n P kfa_example_ring [--seq N] [--heads H] [--head-dim D] [--ulysses U]
 #include <Kokkos_Random.hpp>
 #include <kfa/distributed/dist.hpp>
 
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   long seq = 4096;
-  int heads = 4, d = 64;
+  int heads = 4, d = 64, ulysses = 0;
   {  // Every rank parses the same command line and so ends the same way; rank 0 speaks.
     const long long big = 1LL << 30;
     using kfa_cli::integer;
@@ -38,6 +39,11 @@ int main(int argc, char** argv) {
     app.add_option("--heads", heads, "heads")->check(integer(1, big, positive))->capture_default_str();
     app.add_option("--head-dim", d, "head dim")
         ->check(integer(1, 1024, "a positive integer (at most 1024)"))
+        ->capture_default_str();
+    app.add_option("--ulysses", ulysses,
+                   "0: the ring; U: all-to-all inside groups of U ranks, the ring across them (U divides the ranks "
+                   "and --heads; U = ranks: Ulysses alone)")
+        ->check(integer(0, big, "a non-negative integer"))
         ->capture_default_str();
     int exit_now = kfa_cli::parse_command_line(app, argc, argv, rank != 0);
     if (exit_now < 0 && seq < 2L * nranks) {
@@ -110,14 +116,24 @@ int main(int argc, char** argv) {
                               Kokkos::ALL, Kokkos::ALL));
       Kokkos::View<float***, Exec::memory_space> lse("lse", 1, heads, n);
 
-      kfa::dist::Ring ring(MPI_COMM_WORLD, kfa::dist::Layout::zigzag);  // duplicates the communicator
       kfa::AttentionOptions opts;
       opts.causal = true;
-      const double t0 = MPI_Wtime();
-      kfa::dist::ring_attention_forward(Exec(), ring, ql, kl, vl, o, lse, opts);
-      const double t1 = MPI_Wtime();
-      kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, gl, lse, dq, dk, dv, opts);
-      const double t2 = MPI_Wtime();
+      double t0 = 0, t1 = 0, t2 = 0;
+      if (ulysses == 0) {
+        kfa::dist::Ring ring(MPI_COMM_WORLD, kfa::dist::Layout::zigzag);  // duplicates the communicator
+        t0 = MPI_Wtime();
+        kfa::dist::ring_attention_forward(Exec(), ring, ql, kl, vl, o, lse, opts);
+        t1 = MPI_Wtime();
+        kfa::dist::ring_attention_backward(Exec(), ring, ql, kl, vl, o, gl, lse, dq, dk, dv, opts);
+        t2 = MPI_Wtime();
+      } else {  // the same shards in and out; the heads travel instead of the keys
+        kfa::dist::Ulysses u(MPI_COMM_WORLD, ulysses, kfa::dist::Layout::zigzag);
+        t0 = MPI_Wtime();
+        kfa::dist::ulysses_attention_forward(Exec(), u, ql, kl, vl, o, lse, opts);
+        t1 = MPI_Wtime();
+        kfa::dist::ulysses_attention_backward(Exec(), u, ql, kl, vl, o, gl, lse, dq, dk, dv, opts);
+        t2 = MPI_Wtime();
+      }
 
       // Check 4 local rows of o against float64 over the whole sequence (causal: keys 0..i).
       auto qh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), q);
@@ -152,8 +168,11 @@ int main(int argc, char** argv) {
       const bool ok = worst <= 1e-5;
       if (rank == 0)
         std::printf(
-            "kfa ring attention: %d ranks, zigzag, causal, seq %ld, heads %d, d %d: forward %.3f s, backward "
+            "kfa %s attention: %d ranks, zigzag, causal, seq %ld, heads %d, d %d: forward %.3f s, backward "
             "%.3f s; max relative row error vs float64 %.2e: %s\n",
+            ulysses == 0        ? "ring"
+            : ulysses == nranks ? "Ulysses"
+                                : "hybrid",
             nranks, seq, heads, d, t1 - t0, t2 - t1, worst, ok ? "PASS" : "FAIL");
       status = ok ? 0 : 1;
     } catch (const kfa::Error& e) {
