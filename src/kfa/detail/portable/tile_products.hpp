@@ -115,17 +115,24 @@ struct Simd {
 };
 
 /// One RI × (NV·width) block of C = A·B (+C) held in NV·RI vector registers. Always inlined into the
-/// ISA-specific wrappers below, which decide the instructions.
-template <int RI, int NV, int VB, class Acc>
+/// ISA-specific wrappers below, which decide the instructions. `Accumulate` is a template argument so that each
+/// form starts its accumulators straight in registers (a run-time choice made GCC 12 stage them on the stack).
+template <int RI, int NV, int VB, bool Accumulate, class Acc>
 __attribute__((always_inline)) inline void micro_tile_simd(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb,
-                                                           Acc* c, int ldc, int kdim, bool accumulate) {
+                                                           Acc* c, int ldc, int kdim) {
   using V = typename Simd<VB, Acc>::type;
   using U = typename Simd<VB, Acc>::unaligned;
   constexpr int W = Simd<VB, Acc>::width;
   V acc[RI][NV];
   for (int r = 0; r < RI; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? V(*reinterpret_cast<const U*>(c + r * ldc + v * W)) : V{};
-  for (int kk = 0; kk < kdim; ++kk) {
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (Accumulate)
+        acc[r][v] = *reinterpret_cast<const U*>(c + r * ldc + v * W);
+      else
+        acc[r][v] = V{};
+    }
+  int kk = 0;
+  do {  // kdim ≥ 1 (a tile's extent): no path where the accumulators skip the loop and go through memory
     const Acc* brow = b + static_cast<long>(kk) * ldb;
     V bv[NV];
     for (int v = 0; v < NV; ++v) {
@@ -141,7 +148,7 @@ __attribute__((always_inline)) inline void micro_tile_simd(const Acc* a, long a_
       const Acc av = acol[r * a_rs];
       for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
     }
-  }
+  } while (++kk < kdim);
   for (int r = 0; r < RI; ++r)
     for (int v = 0; v < NV; ++v) *reinterpret_cast<U*>(c + r * ldc + v * W) = acc[r][v];
 }
@@ -161,7 +168,9 @@ template <HostIsa Isa, int RI, int NV, class Acc>
 struct MicroTile {
   __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb, Acc* c, int ldc,
                                             int kdim, bool accumulate) {
-    micro_tile_simd<RI, NV, isa_vector_bytes(Isa)>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
+    constexpr int VB = isa_vector_bytes(Isa);
+    if (accumulate) return micro_tile_simd<RI, NV, VB, true>(a, a_rs, a_cs, b, ldb, c, ldc, kdim);
+    micro_tile_simd<RI, NV, VB, false>(a, a_rs, a_cs, b, ldb, c, ldc, kdim);
   }
 };
 #if KFA_HOST_DISPATCH
@@ -169,14 +178,16 @@ template <int RI, int NV, class Acc>
 struct MicroTile<HostIsa::avx2, RI, NV, Acc> {
   KFA_TARGET_AVX2 __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb,
                                                             Acc* c, int ldc, int kdim, bool accumulate) {
-    micro_tile_simd<RI, NV, 32>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
+    if (accumulate) return micro_tile_simd<RI, NV, 32, true>(a, a_rs, a_cs, b, ldb, c, ldc, kdim);
+    micro_tile_simd<RI, NV, 32, false>(a, a_rs, a_cs, b, ldb, c, ldc, kdim);
   }
 };
 template <int RI, int NV, class Acc>
 struct MicroTile<HostIsa::avx512, RI, NV, Acc> {
   KFA_TARGET_AVX512 __attribute__((noinline)) static void run(const Acc* a, long a_rs, long a_cs, const Acc* b, int ldb,
                                                               Acc* c, int ldc, int kdim, bool accumulate) {
-    micro_tile_simd<RI, NV, 64>(a, a_rs, a_cs, b, ldb, c, ldc, kdim, accumulate);
+    if (accumulate) return micro_tile_simd<RI, NV, 64, true>(a, a_rs, a_cs, b, ldb, c, ldc, kdim);
+    micro_tile_simd<RI, NV, 64, false>(a, a_rs, a_cs, b, ldb, c, ldc, kdim);
   }
 };
 #endif
