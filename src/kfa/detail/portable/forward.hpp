@@ -2,7 +2,8 @@
 /// portable/forward.hpp: the portable family's forward, a Kokkos team kernel for every backend (the host
 /// backends' only forward).
 /// The FlashAttention-2 forward team kernel: one team per (batch, query head, query block). The team loads
-/// its Q tile once (pre-scaled), streams the visible K/V tiles through level-0 scratch, and for each tile
+/// its Q tile once (pre-scaled), streams the visible K/V tiles through scratch (on host a whole tile already
+/// in the accumulation type is read in place), and for each tile
 /// computes Sᵀ = K·Qᵀ (transposed so every row-wise softmax step is element-wise over query rows, which
 /// vectorizes on host and is one row per thread on device), applies softcap and mask, merges the tile into
 /// the per-row (m, ℓ) with the shared combine rule, and accumulates O += P·V. O is normalized once at the end
@@ -38,6 +39,7 @@ struct ForwardKernel {
   OV o;
   LV lse;
   int seq_q, heads_q, head_dim, group;
+  bool direct_rows;  // host, K and V hold Acc with a contiguous head dim: products read whole tiles in place
   int bq, bk, n_qblocks;
   Acc scale, softcap;
   KeyMask mask;
@@ -53,6 +55,9 @@ struct ForwardKernel {
         heads_q(static_cast<int>(a.q.extent(2))),
         head_dim(static_cast<int>(a.q.extent(3))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
+        direct_rows(MicroTileShape<ExecSpace>::host && std::is_same<typename KV::non_const_value_type, Acc>::value &&
+                    std::is_same<typename VV::non_const_value_type, Acc>::value && a.k.stride(3) == 1 &&
+                    a.v.stride(3) == 1),
         bq(t.block_q),
         bk(t.block_k),
         n_qblocks((seq_q + t.block_q - 1) / t.block_q),
@@ -96,6 +101,21 @@ struct ForwardKernel {
     const long j_end = mask.key_end(i0 + rows);
     for (long j0 = j_begin; j0 < j_end; j0 += bk) {
       const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
+      // A whole tile of Acc rows with a contiguous head dim is read where it lies (host); the others are copied
+      // into kt/vt, converted and padded with zero rows.
+      const bool direct = direct_rows && cols == bk;
+      const Acc* kp = kt;
+      const Acc* vp = vt;
+      int ldk = d, ldv = d;
+      if constexpr (std::is_same<typename KV::non_const_value_type, Acc>::value &&
+                    std::is_same<typename VV::non_const_value_type, Acc>::value) {
+        if (direct) {
+          kp = &k(b, j0, hk, 0);
+          vp = &v(b, j0, hk, 0);
+          ldk = static_cast<int>(k.stride(1));
+          ldv = static_cast<int>(v.stride(1));
+        }
+      }
       team.team_barrier();  // the previous tile's P·V is done with kt/vt
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
         Acc* krow = kt + j * d;
@@ -104,6 +124,7 @@ struct ForwardKernel {
           prefetch_row<ExecSpace>(k, b, j0 + bk + j, hk, d);
           prefetch_row<ExecSpace>(v, b, j0 + bk + j, hk, d);
         }
+        if (direct) return;
         if (j < cols) {
           load_row<ExecSpace>(krow, k, b, j0 + j, hk, d, Acc(1));
           load_row<ExecSpace>(vrow, v, b, j0 + j, hk, d, Acc(1));
@@ -113,7 +134,7 @@ struct ForwardKernel {
       });
       team.team_barrier();
       // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
-      team_gemm<ExecSpace>(team, bk, bq, d, kt, d, 1, qt, bq, st, bq, false);
+      team_gemm<ExecSpace>(team, bk, bq, d, kp, ldk, 1, qt, bq, st, bq, false);
       team.team_barrier();
 
       const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
@@ -161,7 +182,7 @@ struct ForwardKernel {
       });
       team.team_barrier();
       // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
-      team_gemm<ExecSpace>(team, bq, d, bk, st, 1, bq, vt, d, ot, d, true);
+      team_gemm<ExecSpace>(team, bq, d, bk, st, 1, bq, vp, ldv, ot, d, true);
     }
     team.team_barrier();
 
