@@ -11,7 +11,9 @@
 ///      owning a chunk of key blocks (every chunks-th) and its own dQ workspace slice; launch 3 sums the
 ///      slices in chunk order (DqChunkSum). With one chunk per (batch, kv head), as on one thread, that is
 ///      the key blocks' order, as in the device dQ kernel.
-/// Q is pre-scaled, so dK = dSᵀ·(scale·Q) and dQ = scale·dS·K. With softcap, dS picks up 1 − tanh².
+/// Launch 2 scales its Kᵀ tile (S = Q·(scale·K)ᵀ), so dK = scale·dSᵀ·Q (scaled once, when written) and
+/// dQ = scale·dS·K; on host, whole tiles of Q, dO and K already in the accumulation type are read in place.
+/// Launch 3 (devices) pre-scales its Q tile instead. With softcap, dS picks up 1 − tanh².
 /// A row whose LSE is −inf saw no key: its P row is 0, so it contributes nothing.
 #include <kfa/detail/common/fast_exp.hpp>
 #include <kfa/detail/common/ranges.hpp>
@@ -44,6 +46,10 @@ struct DkDvKernel {
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
+  static constexpr bool direct_types = MicroTileShape<ExecSpace>::host &&
+                                       std::is_same<typename QV::non_const_value_type, Acc>::value &&
+                                       std::is_same<typename DOV::non_const_value_type, Acc>::value &&
+                                       std::is_same<typename KV::non_const_value_type, Acc>::value;
 
   QV q;
   KV k;
@@ -61,6 +67,7 @@ struct DkDvKernel {
   Acc* dq_ws = nullptr;  // FuseDq: the chunks' dQ slices (see above)
   long batch = 0;
   bool write_dkdv = true;  // FuseDq: false when only dQ is asked for
+  bool direct_rows;        // host, Q, dO and K hold Acc with a contiguous head dim: whole tiles read in place
 
   /// The league: batch · heads_kv · (chunks with FuseDq, else key blocks).
   long league() const { return batch * heads_kv * (FuseDq ? chunks : n_kblocks); }
@@ -96,6 +103,7 @@ struct DkDvKernel {
         softcap(a.softcap),
         mask(a.mask),
         lay(t.block_q, t.block_k, head_dim, sizeof(Acc), FuseDq),
+        direct_rows(direct_types && a.q.stride(3) == 1 && a.d_o.stride(3) == 1 && a.k.stride(3) == 1),
         chunks(chunks_),
         batch(static_cast<long>(a.q.extent(0))) {}
 
@@ -116,9 +124,9 @@ struct DkDvKernel {
     const int j0 = kb * bk;
     const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
     const KeyMask mask = this->mask.for_keys(j0, j0 + cols);  // one document's rule where the block has one
-    Acc* const qs = buf0.data() + lay.a;                      // [bq][d] scale·Q
+    Acc* const qs = buf0.data() + lay.a;                      // [bq][d] Q
     Acc* const dos = buf0.data() + lay.b;                     // [bq][d] dO
-    Acc* const kt = buf1.data() + lay.ta;                     // [d][bk] Kᵀ
+    Acc* const kt = buf1.data() + lay.ta;                     // [d][bk] scale·Kᵀ
     Acc* const vt = buf1.data() + lay.tb;                     // [d][bk] Vᵀ
     Acc* const dka = buf1.data() + lay.acc_a;                 // [bk][d]
     Acc* const dva = buf1.data() + lay.acc_b;                 // [bk][d]
@@ -127,15 +135,23 @@ struct DkDvKernel {
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
     Acc* const kr = buf1.data() + lay.ra;  // FuseDq: [bk][d] K
+    const Acc* krp = kr;                   // FuseDq: K rows for dQ += dS·K, in place when the tile is whole
+    int ldkr = d;
+    if constexpr (direct_types)
+      if (direct_rows && cols == bk) {
+        krp = &k(b, j0, hk, 0);
+        ldkr = static_cast<int>(k.stride(1));
+      }
 
     team.team_barrier();  // the previous key block's dK, dV are written
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
       const bool in = j < cols;
-      for (int c = 0; c < d; ++c) kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
+      for (int c = 0; c < d; ++c) kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) * scale : Acc(0);
       for (int c = 0; c < d; ++c) vt[c * bk + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
       for (int c = 0; c < d; ++c) dka[j * d + c] = dva[j * d + c] = Acc(0);
       if constexpr (FuseDq)
-        for (int c = 0; c < d; ++c) kr[j * d + c] = kt[c * bk + j];
+        if (krp == kr)
+          for (int c = 0; c < d; ++c) kr[j * d + c] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
     });
 
     const long i_begin = mask.query_begin(j0);
@@ -144,6 +160,16 @@ struct DkDvKernel {
       const int h = hk * group + g;
       for (long i0 = i_begin; i0 < i_end; i0 += bq) {
         const int rows = (i_end - i0) < bq ? static_cast<int>(i_end - i0) : bq;
+        const Acc* qp = qs;  // Q and dO rows, in place when the tile is whole
+        const Acc* dop = dos;
+        int ldq = d, lddo = d;
+        if constexpr (direct_types)
+          if (direct_rows && rows == bq) {
+            qp = &q(b, i0, h, 0);
+            dop = &d_o(b, i0, h, 0);
+            ldq = static_cast<int>(q.stride(1));
+            lddo = static_cast<int>(d_o.stride(1));
+          }
         team.team_barrier();  // previous step's products are done with qs, dos, s, dp
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
           const bool in = r < rows;
@@ -152,18 +178,20 @@ struct DkDvKernel {
             prefetch_row<ExecSpace>(d_o, b, i0 + bq + r, h, d);
             if constexpr (FuseDq) prefetch_span<ExecSpace>(dq_row(chunk, b, i0 + bq + r, h), d);
           }
-          if (in) {
-            load_row<ExecSpace>(qs + r * d, q, b, i0 + r, h, d, scale);
-            load_row<ExecSpace>(dos + r * d, d_o, b, i0 + r, h, d, Acc(1));
-          } else {
-            for (int c = 0; c < d; ++c) qs[r * d + c] = dos[r * d + c] = Acc(0);
+          if (qp == qs) {  // copied: converted, and zero rows past the block's end
+            if (in) {
+              load_row<ExecSpace>(qs + r * d, q, b, i0 + r, h, d, Acc(1));
+              load_row<ExecSpace>(dos + r * d, d_o, b, i0 + r, h, d, Acc(1));
+            } else {
+              for (int c = 0; c < d; ++c) qs[r * d + c] = dos[r * d + c] = Acc(0);
+            }
           }
           lrow[r] = in ? recompute_lse(lse(b, h, i0 + r)) : compat::infinity<Acc>();
           drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
         });
         team.team_barrier();
-        team_gemm<ExecSpace>(team, bq, bk, d, qs, d, 1, kt, bk, s, bk, false);    // S = Q·Kᵀ
-        team_gemm<ExecSpace>(team, bq, bk, d, dos, d, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
+        team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, bk, s, bk, false);     // S = Q·(scale·K)ᵀ
+        team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
         team.team_barrier();
         const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
@@ -172,17 +200,18 @@ struct DkDvKernel {
           });
         });
         team.team_barrier();
-        team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dos, d, dva, d, true);  // dV += Pᵀ·dO
-        team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qs, d, dka, d, true);  // dK += dSᵀ·(scale·Q)
+        team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
+        team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qp, ldq, dka, d, true);  // dK += dSᵀ·Q (scaled when written)
         if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-          team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, kr, d, dq_row(chunk, b, i0, h), heads_kv * group * d, true);
+          team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
+                               true);
       }
     }
     team.team_barrier();
     if (!write_dkdv) return;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](const int j) {
       for (int c = 0; c < d; ++c)
-        dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c]);
+        dk(b, j0 + j, hk, c) = static_cast<typename DKV::non_const_value_type>(dka[j * d + c] * scale);
       for (int c = 0; c < d; ++c)
         dv(b, j0 + j, hk, c) = static_cast<typename DVV::non_const_value_type>(dva[j * d + c]);
     });
