@@ -39,7 +39,7 @@ struct ForwardKernel {
   OV o;
   LV lse;
   int seq_q, heads_q, head_dim, group;
-  bool direct_rows;  // host, K and V hold Acc with a contiguous head dim: products read whole tiles in place
+  bool direct_rows;  // host, K and V hold Acc with a contiguous head dim: products read tiles in place
   int bq, bk, n_qblocks;
   Acc scale, softcap;
   KeyMask mask;
@@ -101,9 +101,10 @@ struct ForwardKernel {
     const long j_end = mask.key_end(i0 + rows);
     for (long j0 = j_begin; j0 < j_end; j0 += bk) {
       const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
-      // A whole tile of Acc rows with a contiguous head dim is read where it lies (host); the others are copied
-      // into kt/vt, converted and padded with zero rows.
-      const bool direct = direct_rows && cols == bk;
+      // On host a tile of Acc rows with a contiguous head dim whose bk rows all exist is read where it lies (rows
+      // past `cols` are another document's or a window's keys: their scores are masked to −inf, and P·V stops at
+      // `cols`); other tiles are copied into kt/vt, converted and padded with zero rows.
+      const bool direct = direct_rows && j0 + bk <= static_cast<long>(k.extent(1));
       const Acc* kp = kt;
       const Acc* vp = vt;
       int ldk = d, ldv = d;
@@ -182,7 +183,7 @@ struct ForwardKernel {
       });
       team.team_barrier();
       // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
-      team_gemm<ExecSpace>(team, bq, d, bk, st, 1, bq, vp, ldv, ot, d, true);
+      team_gemm<ExecSpace>(team, bq, d, cols, st, 1, bq, vp, ldv, ot, d, true);
     }
     team.team_barrier();
 
