@@ -2,12 +2,11 @@
 /// portable/forward.hpp: the portable family's forward, a Kokkos team kernel for every backend (the host
 /// backends' only forward).
 /// The FlashAttention-2 forward team kernel: one team per (batch, query head, query block). The team loads
-/// its Q tile once (pre-scaled), streams the visible K/V tiles through scratch (on host a whole tile already
-/// in the accumulation type is read in place), and for each tile
-/// computes Sᵀ = K·Qᵀ (transposed so every row-wise softmax step is element-wise over query rows, which
-/// vectorizes on host and is one row per thread on device), applies softcap and mask, merges the tile into
-/// the per-row (m, ℓ) with the shared combine rule, and accumulates O += P·V. O is normalized once at the end
-/// and written with its LSE.
+/// its Q tile once (pre-scaled), streams the visible K/V tiles through scratch (on host a tile already in the
+/// accumulation type is read in place), and for each tile computes Sᵀ = K·Qᵀ (transposed so every row-wise softmax step
+/// is element-wise over query rows, which vectorizes on host and is one row per thread on device), applies softcap and
+/// mask, merges the tile into the per-row (m, ℓ) with the shared combine rule, and accumulates O += P·V. O is
+/// normalized once at the end and written with its LSE.
 #include <kfa/detail/common/fast_exp.hpp>
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/portable/tile_products.hpp>
