@@ -188,6 +188,47 @@ TYPED_TEST(Varlen, EveryMask) {
   check_varlen<TypeParam>(lens, lens, 2, 2, 64, sc, 2.0);
 }
 
+TYPED_TEST(Varlen, AnotherSequencesNonFiniteRowsStayOutOfTheForward) {
+  // Host forwards read a key tile in place when its rows exist, so a block of sequence 0 reads sequence 1's first
+  // key rows too: their scores must be masked and P·V must stop at sequence 0's keys. With every query block
+  // inside one sequence (lengths multiples of block_q; a block spanning two sequences may carry a value row's NaN
+  // to the other's rows, as NonFinite states for V within a tile), NaN and inf in every key and value row of
+  // sequence 1 leave the o and lse of sequences 0 and 2 bit for bit as with finite rows, under every mask.
+  using T = TypeParam;
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<int> lens = {96, 144, 48};
+  for (const RefOptions& ro : {RefOptions{}, causal(), window(20, 3)}) {
+    SCOPED_TRACE(describe(Shape{1, 0, 0, 2, 1, 64}, ro, seed));
+    VarProblem<T> p(lens, lens, 2, 1, 64, rng);
+    kfa::AttentionOptions opts = to_kfa(ro);
+    opts.block_q = 16;
+    p.forward(opts);
+    Exec().fence();
+    const auto o_clean = to_doubles4(p.o), lse_clean = to_doubles2(p.lse);
+    for (auto* x : {&p.k, &p.v}) {
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), *x);
+      for (int j = p.ck[1]; j < p.ck[2]; ++j)
+        for (int c = 0; c < p.d; ++c)
+          h(0, j, 0, c) = static_cast<T>(c % 3 == 0   ? std::numeric_limits<double>::quiet_NaN()
+                                         : c % 3 == 1 ? std::numeric_limits<double>::infinity()
+                                                      : -std::numeric_limits<double>::infinity());
+      Kokkos::deep_copy(*x, h);
+    }
+    p.forward(opts);
+    Exec().fence();
+    const auto o = to_doubles4(p.o), lse = to_doubles2(p.lse);
+    const size_t width = size_t(p.hq) * p.d, tq = size_t(p.cq.back());
+    for (int s : {0, 2})
+      for (int i = p.cq[s]; i < p.cq[s + 1]; ++i) {
+        for (size_t c = 0; c < width; ++c)
+          ASSERT_EQ(o[i * width + c], o_clean[i * width + c]) << "o, sequence " << s << ", row " << i;
+        for (int h = 0; h < p.hq; ++h)
+          ASSERT_EQ(lse[h * tq + i], lse_clean[h * tq + i]) << "lse, sequence " << s << ", row " << i;
+      }
+  }
+}
+
 TYPED_TEST(Varlen, QueryAndKeyLengthsDifferPerSequence) {
   // Bottom-right causal per sequence: where a sequence has more queries than keys its first rows see no key
   // (lse −inf, o and the gradients 0); sequences with queries and no keys, and keys and no queries.
