@@ -3,10 +3,10 @@
 /// backends' only forward).
 /// The FlashAttention-2 forward team kernel: one team per (batch, query head, query block). The team loads
 /// its Q tile once (pre-scaled), streams the visible K/V tiles through scratch (on host a tile already in the
-/// accumulation type is read in place), and for each tile computes Sᵀ = K·Qᵀ (transposed so every row-wise softmax step
-/// is element-wise over query rows, which vectorizes on host and is one row per thread on device), applies softcap and
-/// mask, merges the tile into the per-row (m, ℓ) with the shared combine rule, and accumulates O += P·V. O is
-/// normalized once at the end and written with its LSE.
+/// accumulation type is read in place), and for each tile computes Sᵀ = K·Qᵀ (transposed so every row-wise
+/// softmax step is element-wise over query rows, which vectorizes on host and is one row per thread on device),
+/// applies softcap and mask, merges the tile into the per-row (m, ℓ) with the shared combine rule, and
+/// accumulates O += P·V. O is normalized once at the end and written with its LSE.
 #include <kfa/detail/common/fast_exp.hpp>
 #include <kfa/detail/mask.hpp>
 #include <kfa/detail/portable/tile_products.hpp>
@@ -31,6 +31,9 @@ struct ForwardKernel {
   using member_type = typename policy_type::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
+  static constexpr bool direct_types = MicroTileShape<ExecSpace>::host &&
+                                       std::is_same<typename KV::non_const_value_type, Acc>::value &&
+                                       std::is_same<typename VV::non_const_value_type, Acc>::value;
 
   QV q;
   KV k;
@@ -54,9 +57,7 @@ struct ForwardKernel {
         heads_q(static_cast<int>(a.q.extent(2))),
         head_dim(static_cast<int>(a.q.extent(3))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        direct_rows(MicroTileShape<ExecSpace>::host && std::is_same<typename KV::non_const_value_type, Acc>::value &&
-                    std::is_same<typename VV::non_const_value_type, Acc>::value && a.k.stride(3) == 1 &&
-                    a.v.stride(3) == 1),
+        direct_rows(direct_types && a.k.stride(3) == 1 && a.v.stride(3) == 1),
         bq(t.block_q),
         bk(t.block_k),
         n_qblocks((seq_q + t.block_q - 1) / t.block_q),
@@ -107,8 +108,7 @@ struct ForwardKernel {
       const Acc* kp = kt;
       const Acc* vp = vt;
       int ldk = d, ldv = d;
-      if constexpr (std::is_same<typename KV::non_const_value_type, Acc>::value &&
-                    std::is_same<typename VV::non_const_value_type, Acc>::value) {
+      if constexpr (direct_types) {
         if (direct) {
           kp = &k(b, j0, hk, 0);
           vp = &v(b, j0, hk, 0);
