@@ -38,38 +38,116 @@ struct Positions {
 /// seq_k − seq_q (bottom-right alignment) and left/right < 0 mean unbounded. Causal is right = 0.
 /// For a block of a longer sequence, i and j stay local and the block's global positions fold into
 /// offset = (k_total − q_total) + q_begin − k_begin.
-/// With documents (varlen), the same rule holds inside each document, on the document's own positions and
-/// lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
-/// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
-/// ring shard's segment otherwise). Sharded documents hold one contiguous piece of each document, placed in it
-/// as Documents says; the document's own lengths still fix the alignment. Every kernel family asks only the
-/// functions below which keys a row, a block of rows or a key sees, so this is the one place variable-length
-/// batches reach the kernels: each row's visible keys stay one range, and the ranges' ends grow with the row
-/// across documents too, so a block's key range is its first row's first key to its last row's last key,
-/// exactly as for one sequence.
-/// Kernels resolve their block once (for_rows / for_keys), so that a block inside one document costs what a
-/// fixed-length block does.
-struct KeyMask {
+/// The rule of one sequence, with no documents: what the kernels' key loops apply. Keys outside
+/// [key_lo, seq_k) and query rows outside [q_lo, q_hi) (q_hi < 0: no upper bound) see, and are seen by, nothing:
+/// a pass over one document of a block that holds rows or keys of several (KeyMask::rule).
+struct KeyRule {
   long seq_k = 0;
   long offset = 0;
   long left = -1;
   long right = -1;
-  Documents docs;
-  long q_begin = 0, k_begin = 0;  // with documents: the block's place in the packed sequence
-  // Without documents: keys below key_lo and queries outside [q_lo, q_hi) are nobody's (for_rows / for_keys
-  // set them to one document's; q_hi < 0: seq_q).
   long key_lo = 0, q_lo = 0, q_hi = -1;
 
+  KOKKOS_INLINE_FUNCTION bool row_inside(long i) const { return i >= q_lo && (q_hi < 0 || i < q_hi); }
+  /// The keys row i sees as one range [first, last] (empty when first > last): visible(i, j) is
+  /// first <= j <= last. Kernels test a whole row of a tile against it.
+  KOKKOS_INLINE_FUNCTION void visible_range(long i, long& first, long& last) const {
+    first = left < 0 ? key_lo : i + offset - left;
+    if (first < key_lo) first = key_lo;
+    last = right < 0 ? seq_k - 1 : i + offset + right;
+    if (last > seq_k - 1) last = seq_k - 1;
+    if (!row_inside(i)) last = first - 1;
+  }
+  /// The query rows that see key j as one range [first, last] (empty when first > last).
+  KOKKOS_INLINE_FUNCTION void seen_by(long j, long seq_q, long& first, long& last) const {
+    const long hi = q_hi >= 0 && q_hi < seq_q ? q_hi : seq_q;
+    first = right < 0 ? q_lo : j - offset - right;
+    if (first < q_lo) first = q_lo;
+    last = left < 0 ? hi - 1 : j + left - offset;
+    if (last > hi - 1) last = hi - 1;
+    if (j < key_lo || j >= seq_k) last = first - 1;
+  }
+  KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
+    return row_inside(i) && j >= key_lo && j < seq_k && (left < 0 || j >= i + offset - left) &&
+           (right < 0 || j <= i + offset + right);
+  }
+  /// First key any of rows [i_begin, i_end) can see (may be ≥ key_end: nothing visible).
+  KOKKOS_INLINE_FUNCTION long key_begin(long i_begin) const {
+    if (i_begin < q_lo) i_begin = q_lo;
+    const long b = left < 0 ? key_lo : i_begin + offset - left;
+    return b < key_lo ? key_lo : b;
+  }
+  /// One past the last key any of rows [i_begin, i_end) can see (key_lo where none of the rows is inside).
+  KOKKOS_INLINE_FUNCTION long key_end(long i_end) const {
+    if (q_hi >= 0 && i_end > q_hi) i_end = q_hi;
+    if (i_end <= q_lo) return key_lo;
+    const long e = right < 0 ? seq_k : (i_end - 1) + offset + right + 1;
+    return e > seq_k ? seq_k : e;
+  }
+  /// First query row that sees any key of [j_begin, j_end) (clamped to q_lo).
+  KOKKOS_INLINE_FUNCTION long query_begin(long j_begin) const {
+    if (j_begin < key_lo) j_begin = key_lo;
+    const long b = right < 0 ? q_lo : j_begin - offset - right;
+    return b < q_lo ? q_lo : b;
+  }
+  /// One past the last query row that sees any key of [j_begin, j_end), clamped to seq_q (q_lo where none of the
+  /// keys is inside).
+  KOKKOS_INLINE_FUNCTION long query_end(long j_end, long seq_q) const {
+    if (j_end > seq_k) j_end = seq_k;
+    if (j_end <= key_lo) return q_lo;
+    const long hi = q_hi >= 0 && q_hi < seq_q ? q_hi : seq_q;
+    const long e = left < 0 ? hi : (j_end - 1) + left - offset + 1;
+    return e > hi ? hi : e;
+  }
+  /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
+  KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
+    return j_end <= seq_k && j_begin >= key_lo && i_begin >= q_lo && (q_hi < 0 || i_end <= q_hi) &&
+           (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
+           (right < 0 || j_end - 1 <= i_begin + offset + right);
+  }
+  /// all_visible for the rows [i_begin, i_end) as one key range, for kernels that hold it instead of the rule:
+  /// every row sees every key of [j_begin, j_end) iff lo <= j_begin and j_end - 1 <= hi (lo > hi: no keys).
+  KOKKOS_INLINE_FUNCTION void unmasked_keys(long i_begin, long i_end, long& lo, long& hi) const {
+    lo = 0, hi = -1;
+    if (i_begin < q_lo || (q_hi >= 0 && i_end > q_hi)) return;
+    lo = left < 0 || (i_end - 1) + offset - left < key_lo ? key_lo : (i_end - 1) + offset - left;
+    hi = right < 0 || i_begin + offset + right > seq_k - 1 ? seq_k - 1 : i_begin + offset + right;
+  }
+};
+
+/// The documents [first, last) that a block's rows (or keys) meet; one (first = 0) without documents.
+struct DocumentSpan {
+  int first = 0, last = 1;
+};
+
+/// The rule with documents (varlen): the same rule holds inside each document, on the document's own positions
+/// and lengths (bottom-right alignment per document); i and j index the block, whose first query and key sit at
+/// q_begin and k_begin of the packed sequence the documents' bounds refer to (0 for a whole packed batch; a
+/// ring shard's segment otherwise). Sharded documents hold one contiguous piece of each document, placed in it
+/// as Documents says; the document's own lengths still fix the alignment.
+/// This is the one place variable-length batches reach the kernels, and their key loops never see documents: a
+/// kernel asks which documents its block meets (documents_of_rows / documents_of_keys) and runs its key loop once
+/// per document with that document's KeyRule (rule(s)), keeping its accumulators across the passes. A block inside
+/// one document makes one pass that costs what a fixed-length block does; a block that straddles documents makes
+/// one pass per document, each over that document's keys (the rows of the others see nothing in it). The member
+/// functions below answer for the whole packed sequence (the reference, the ring's planning on the host).
+struct KeyMask {
+  KeyRule base;  // the rule without documents (the offset folds in the block's place)
+  Documents docs;
+  long q_begin = 0, k_begin = 0;  // with documents: the block's place in the packed sequence
+
   KeyMask() = default;
-  KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right)
-      : seq_k(seq_k_), offset(seq_k_ - seq_q_), left(window_left), right(window_right) {
-    if (causal) right = 0;  // causal and a window combine as FlashAttention does: window (left, 0)
+  KeyMask(long seq_q_, long seq_k_, bool causal, long window_left, long window_right) {
+    base.seq_k = seq_k_;
+    base.offset = seq_k_ - seq_q_;
+    base.left = window_left;
+    base.right = causal ? 0 : window_right;  // causal and a window combine as FlashAttention does: window (left, 0)
   }
   KeyMask(long seq_q_, long seq_k_, const Positions& p, bool causal, long window_left, long window_right)
       : KeyMask(seq_q_, seq_k_, causal, window_left, window_right) {
     const long q_total = p.q_total < 0 ? seq_q_ : p.q_total;
     const long k_total = p.k_total < 0 ? seq_k_ : p.k_total;
-    offset = (k_total - q_total) + p.q_begin - p.k_begin;
+    base.offset = (k_total - q_total) + p.q_begin - p.k_begin;
     docs = p.docs;
     q_begin = p.q_begin, k_begin = p.k_begin;
   }
@@ -91,138 +169,70 @@ struct KeyMask {
   /// Where document s's keys sit against its queries here: key position (counted from its first key here) =
   /// query position (from its first query here) + shift sees the key on the diagonal: len_k − len_q (bottom-
   /// right alignment in the document) + at_q − at_k (where the pieces sit in it). Written so that whole and
-  /// sharded documents take the same loads and no branch (the kernels' registers).
+  /// sharded documents take the same loads and no branch.
   KOKKOS_INLINE_FUNCTION long doc_shift(int s) const {
     const int *q = docs.cu_q, *k = docs.cu_k, whole = 1 - docs.sharded, at = s + 1 + docs.sharded * docs.count;
     return (k[at] - whole * k[s]) - (q[at] - whole * q[s]);
   }
 
-  /// The mask a kernel applies to the rows [i_begin, i_end) of its block (query-block kernels call it once per
-  /// block): where they lie in one document, the same mask without documents, bounded to that document's keys
-  /// (so its tiles cost what a fixed-length call's do); otherwise, and without documents, this one.
-  KOKKOS_INLINE_FUNCTION KeyMask for_rows(long i_begin, long i_end) const {
-    if (docs.count == 0 || i_end <= i_begin) return *this;
-    const int s = document_of(docs.cu_q, q_begin + i_begin);
-    return docs.cu_q[s + 1] - q_begin >= i_end ? in_document(s) : *this;
+  /// The documents the rows [i_begin, i_end) of a block meet (query-block kernels ask once per block).
+  KOKKOS_INLINE_FUNCTION DocumentSpan documents_of_rows(long i_begin, long i_end) const {
+    if (docs.count == 0 || i_end <= i_begin) return {};
+    return {document_of(docs.cu_q, q_begin + i_begin), document_of(docs.cu_q, q_begin + i_end - 1) + 1};
   }
-  /// The mask a key-block kernel applies to the keys [j_begin, j_end) of its block, as for_rows.
-  KOKKOS_INLINE_FUNCTION KeyMask for_keys(long j_begin, long j_end) const {
-    if (docs.count == 0 || j_end <= j_begin) return *this;
-    const int s = document_of(docs.cu_k, k_begin + j_begin);
-    return docs.cu_k[s + 1] - k_begin >= j_end ? in_document(s) : *this;
+  /// The documents the keys [j_begin, j_end) of a key-block kernel's block meet.
+  KOKKOS_INLINE_FUNCTION DocumentSpan documents_of_keys(long j_begin, long j_end) const {
+    if (docs.count == 0 || j_end <= j_begin) return {};
+    return {document_of(docs.cu_k, k_begin + j_begin), document_of(docs.cu_k, k_begin + j_end - 1) + 1};
   }
-  /// Document s's rule without documents, in this block's coordinates.
-  KOKKOS_INLINE_FUNCTION KeyMask in_document(int s) const {
+  /// The rule of a pass over document s of the span (without documents, this rule).
+  KOKKOS_INLINE_FUNCTION KeyRule rule(int s) const {
+    if (docs.count == 0) return base;
     const long q0 = docs.cu_q[s] - q_begin, q1 = docs.cu_q[s + 1] - q_begin;
     const long k0 = docs.cu_k[s] - k_begin, k1 = docs.cu_k[s + 1] - k_begin;
-    KeyMask m;
-    m.left = left, m.right = right;
-    m.offset = k0 - q0 + doc_shift(s);  // bottom-right alignment in the document
-    m.seq_k = k1 < seq_k ? k1 : seq_k;
-    m.key_lo = k0 > 0 ? k0 : 0;
-    m.q_lo = q0 > 0 ? q0 : 0;
-    m.q_hi = q1 > 0 ? q1 : 0;
-    return m;
+    KeyRule r;
+    r.left = base.left, r.right = base.right;
+    r.offset = k0 - q0 + doc_shift(s);  // bottom-right alignment in the document
+    r.seq_k = k1 < base.seq_k ? k1 : base.seq_k;
+    r.key_lo = k0 > 0 ? k0 : 0;
+    r.q_lo = q0 > 0 ? q0 : 0;
+    r.q_hi = q1 > 0 ? q1 : 0;
+    return r;
   }
 
-  /// The keys row i sees as one range [first, last] (empty when first > last): visible(i, j) is
-  /// first <= j <= last. Kernels test a whole row of a tile against it.
+  /// As KeyRule's, over the documents (each row's visible keys stay one range, and the ranges' ends grow with
+  /// the row across documents too).
   KOKKOS_INLINE_FUNCTION void visible_range(long i, long& first, long& last) const {
-    if (docs.count == 0) {
-      first = left < 0 ? key_lo : i + offset - left;
-      if (first < key_lo) first = key_lo;
-      last = right < 0 ? seq_k - 1 : i + offset + right;
-      if (last > seq_k - 1) last = seq_k - 1;
-      return;
-    }
+    if (docs.count == 0) return base.visible_range(i, first, last);
     // pi: the key on row i's diagonal, counted from the document's first key here (nk of them).
     const int s = document_of(docs.cu_q, q_begin + i);
     const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
     const long nk = docs.cu_k[s + 1] - k0, pi = q_begin + i - q0 + doc_shift(s);
+    const long left = base.left, right = base.right;
     first = k0 - k_begin + (left < 0 ? 0 : clamp(pi - left, 0, nk));
     last = k0 - k_begin + (right < 0 ? nk - 1 : clamp(pi + right, -1, nk - 1));
     if (first < 0) first = 0;  // keys before or after this block's
-    if (last > seq_k - 1) last = seq_k - 1;
-  }
-  /// The query rows that see key j as one range [first, last] (empty when first > last).
-  KOKKOS_INLINE_FUNCTION void seen_by(long j, long seq_q, long& first, long& last) const {
-    if (docs.count == 0) {
-      const long hi = q_hi >= 0 && q_hi < seq_q ? q_hi : seq_q;
-      first = right < 0 ? q_lo : j - offset - right;
-      if (first < q_lo) first = q_lo;
-      last = left < 0 ? hi - 1 : j + left - offset;
-      if (last > hi - 1) last = hi - 1;
-      return;
-    }
-    const int s = document_of(docs.cu_k, k_begin + j);
-    const long q0 = docs.cu_q[s], k0 = docs.cu_k[s];
-    const long nq = docs.cu_q[s + 1] - q0, pj = k_begin + j - k0 - doc_shift(s);
-    first = q0 - q_begin + (right < 0 ? 0 : clamp(pj - right, 0, nq));
-    last = q0 - q_begin + (left < 0 ? nq - 1 : clamp(pj + left, -1, nq - 1));
-    if (first < 0) first = 0;  // queries before or after this block's
-    if (last > seq_q - 1) last = seq_q - 1;
+    if (last > base.seq_k - 1) last = base.seq_k - 1;
   }
   KOKKOS_INLINE_FUNCTION bool visible(long i, long j) const {
-    if (docs.count == 0)
-      return j >= key_lo && j < seq_k && (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
+    if (docs.count == 0) return base.visible(i, j);
     long first, last;
     visible_range(i, first, last);
     return j >= first && j <= last;
   }
-  /// First key any of rows [i_begin, i_end) can see (may be ≥ the returned end: nothing visible).
+  /// First key any of rows [i_begin, …) can see.
   KOKKOS_INLINE_FUNCTION long key_begin(long i_begin) const {
-    if (docs.count == 0) {
-      const long b = left < 0 ? key_lo : i_begin + offset - left;
-      return b < key_lo ? key_lo : b;
-    }
+    if (docs.count == 0) return base.key_begin(i_begin);
     long first, last;
     visible_range(i_begin, first, last);
     return first;
   }
-  /// One past the last key any of rows [i_begin, i_end) can see.
+  /// One past the last key any of rows […, i_end) can see.
   KOKKOS_INLINE_FUNCTION long key_end(long i_end) const {
-    if (docs.count == 0) {
-      const long e = right < 0 ? seq_k : (i_end - 1) + offset + right + 1;
-      return e > seq_k ? seq_k : e;
-    }
+    if (docs.count == 0) return base.key_end(i_end);
     long first, last;
     visible_range(i_end - 1, first, last);
     return last + 1;
-  }
-  /// First query row that sees any key of [j_begin, j_end) (clamped to 0).
-  KOKKOS_INLINE_FUNCTION long query_begin(long j_begin) const {
-    if (docs.count == 0) {
-      const long b = right < 0 ? q_lo : j_begin - offset - right;
-      return b < q_lo ? q_lo : b;
-    }
-    long first, last;
-    seen_by(j_begin, 0, first, last);
-    return first;
-  }
-  /// One past the last query row that sees any key of [j_begin, j_end), clamped to seq_q.
-  KOKKOS_INLINE_FUNCTION long query_end(long j_end, long seq_q) const {
-    if (docs.count == 0) {
-      const long hi = q_hi >= 0 && q_hi < seq_q ? q_hi : seq_q;
-      const long e = left < 0 ? hi : (j_end - 1) + left - offset + 1;
-      return e > hi ? hi : e;
-    }
-    long first, last;
-    seen_by(j_end - 1, seq_q, first, last);
-    return last + 1;
-  }
-  /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
-  KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
-    if (docs.count == 0)
-      return j_end <= seq_k && j_begin >= key_lo && i_begin >= q_lo && (q_hi < 0 || i_end <= q_hi) &&
-             (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
-             (right < 0 || j_end - 1 <= i_begin + offset + right);
-    const int s = document_of(docs.cu_q, q_begin + i_begin);
-    const long q0 = docs.cu_q[s] - q_begin, k0 = docs.cu_k[s] - k_begin;
-    const long q1 = docs.cu_q[s + 1] - q_begin, k1 = docs.cu_k[s + 1] - k_begin;
-    if (i_end > q1 || j_begin < k0 || j_end > k1 || j_end > seq_k) return false;  // another document's rows or keys
-    const long off = doc_shift(s);
-    return (left < 0 || j_begin - k0 >= (i_end - 1 - q0) + off - left) &&
-           (right < 0 || j_end - 1 - k0 <= (i_begin - q0) + off + right);
   }
 };
 

@@ -123,15 +123,14 @@ struct DkDvKernel {
     const int d = head_dim;
     const int j0 = kb * bk;
     const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
-    const KeyMask mask = this->mask.for_keys(j0, j0 + cols);  // one document's rule where the block has one
-    Acc* const qs = buf0.data() + lay.a;                      // [bq][d] Q
-    Acc* const dos = buf0.data() + lay.b;                     // [bq][d] dO
-    Acc* const kt = buf1.data() + lay.ta;                     // [d][bk] scale·Kᵀ
-    Acc* const vt = buf1.data() + lay.tb;                     // [d][bk] Vᵀ
-    Acc* const dka = buf1.data() + lay.acc_a;                 // [bk][d]
-    Acc* const dva = buf1.data() + lay.acc_b;                 // [bk][d]
-    Acc* const s = buf1.data() + lay.s;                       // [bq][bk] S, then P
-    Acc* const dp = buf1.data() + lay.dp;                     // [bq][bk] dP, then dS
+    Acc* const qs = buf0.data() + lay.a;       // [bq][d] Q
+    Acc* const dos = buf0.data() + lay.b;      // [bq][d] dO
+    Acc* const kt = buf1.data() + lay.ta;      // [d][bk] scale·Kᵀ
+    Acc* const vt = buf1.data() + lay.tb;      // [d][bk] Vᵀ
+    Acc* const dka = buf1.data() + lay.acc_a;  // [bk][d]
+    Acc* const dva = buf1.data() + lay.acc_b;  // [bk][d]
+    Acc* const s = buf1.data() + lay.s;        // [bq][bk] S, then P
+    Acc* const dp = buf1.data() + lay.dp;      // [bq][bk] dP, then dS
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
     Acc* const kr = buf1.data() + lay.ra;  // FuseDq: [bk][d] K
@@ -154,57 +153,62 @@ struct DkDvKernel {
           for (int c = 0; c < d; ++c) kr[j * d + c] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) : Acc(0);
     });
 
-    const long i_begin = mask.query_begin(j0);
-    const long i_end = mask.query_end(j0 + cols, seq_q);
-    for (int g = 0; g < group; ++g) {
-      const int h = hk * group + g;
-      for (long i0 = i_begin; i0 < i_end; i0 += bq) {
-        const int rows = (i_end - i0) < bq ? static_cast<int>(i_end - i0) : bq;
-        const Acc* qp = qs;  // Q and dO rows, in place when the tile is whole
-        const Acc* dop = dos;
-        int ldq = d, lddo = d;
-        if constexpr (direct_types)
-          if (direct_rows && rows == bq) {
-            qp = &q(b, i0, h, 0);
-            dop = &d_o(b, i0, h, 0);
-            ldq = static_cast<int>(q.stride(1));
-            lddo = static_cast<int>(d_o.stride(1));
-          }
-        team.team_barrier();  // previous step's products are done with qs, dos, s, dp
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
-          const bool in = r < rows;
-          if (i0 + bq + r < i_end) {  // the next step's rows, while this step computes
-            prefetch_row<ExecSpace>(q, b, i0 + bq + r, h, d);
-            prefetch_row<ExecSpace>(d_o, b, i0 + bq + r, h, d);
-            if constexpr (FuseDq) prefetch_span<ExecSpace>(dq_row(chunk, b, i0 + bq + r, h), d);
-          }
-          if (qp == qs) {  // copied: converted, and zero rows past the block's end
-            if (in) {
-              load_row<ExecSpace>(qs + r * d, q, b, i0 + r, h, d, Acc(1));
-              load_row<ExecSpace>(dos + r * d, d_o, b, i0 + r, h, d, Acc(1));
-            } else {
-              for (int c = 0; c < d; ++c) qs[r * d + c] = dos[r * d + c] = Acc(0);
+    // One pass per document the block's keys meet (one without documents), dK and dV carried across.
+    const DocumentSpan span = this->mask.documents_of_keys(j0, j0 + cols);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      const KeyRule mask = this->mask.rule(doc);
+      const long i_begin = mask.query_begin(j0);
+      const long i_end = mask.query_end(j0 + cols, seq_q);
+      for (int g = 0; g < group; ++g) {
+        const int h = hk * group + g;
+        for (long i0 = i_begin; i0 < i_end; i0 += bq) {
+          const int rows = (i_end - i0) < bq ? static_cast<int>(i_end - i0) : bq;
+          const Acc* qp = qs;  // Q and dO rows, in place when the tile is whole
+          const Acc* dop = dos;
+          int ldq = d, lddo = d;
+          if constexpr (direct_types)
+            if (direct_rows && rows == bq) {
+              qp = &q(b, i0, h, 0);
+              dop = &d_o(b, i0, h, 0);
+              ldq = static_cast<int>(q.stride(1));
+              lddo = static_cast<int>(d_o.stride(1));
             }
-          }
-          lrow[r] = in ? recompute_lse(lse(b, h, i0 + r)) : compat::infinity<Acc>();
-          drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
-        });
-        team.team_barrier();
-        team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, bk, s, bk, false);     // S = Q·(scale·K)ᵀ
-        team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
-        team.team_barrier();
-        const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
-          with_host_isa([&](auto isa) KFA_SIMD_BODY {
-            score_to_ds(isa, mask, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+          team.team_barrier();  // previous step's products are done with qs, dos, s, dp
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+            const bool in = r < rows;
+            if (i0 + bq + r < i_end) {  // the next step's rows, while this step computes
+              prefetch_row<ExecSpace>(q, b, i0 + bq + r, h, d);
+              prefetch_row<ExecSpace>(d_o, b, i0 + bq + r, h, d);
+              if constexpr (FuseDq) prefetch_span<ExecSpace>(dq_row(chunk, b, i0 + bq + r, h), d);
+            }
+            if (qp == qs) {  // copied: converted, and zero rows past the block's end
+              if (in) {
+                load_row<ExecSpace>(qs + r * d, q, b, i0 + r, h, d, Acc(1));
+                load_row<ExecSpace>(dos + r * d, d_o, b, i0 + r, h, d, Acc(1));
+              } else {
+                for (int c = 0; c < d; ++c) qs[r * d + c] = dos[r * d + c] = Acc(0);
+              }
+            }
+            lrow[r] = in ? recompute_lse(lse(b, h, i0 + r)) : compat::infinity<Acc>();
+            drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
           });
-        });
-        team.team_barrier();
-        team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
-        team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
-        if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-          team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
-                               true);
+          team.team_barrier();
+          team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, bk, s, bk, false);     // S = Q·(scale·K)ᵀ
+          team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
+          team.team_barrier();
+          const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+            with_host_isa([&](auto isa) KFA_SIMD_BODY {
+              score_to_ds(isa, mask, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+            });
+          });
+          team.team_barrier();
+          team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
+          team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
+          if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
+            team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
+                                 true);
+        }
       }
     }
     team.team_barrier();
@@ -219,7 +223,7 @@ struct DkDvKernel {
 
   /// One query row of a tile: S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
   template <class Tag>
-  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, const KeyMask& mask, Acc* srow, Acc* dprow, Acc l, Acc dval,
+  KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, const KeyRule& mask, Acc* srow, Acc* dprow, Acc l, Acc dval,
                                                long i, long j0, int cols, bool need_mask) const {
     long first = 0, last = cols - 1;  // the row's visible keys, as tile columns
     if (need_mask) {
@@ -315,7 +319,6 @@ struct DqKernel {
     const int d = head_dim;
     const int i0 = qb * bq;
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
-    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
     ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
@@ -338,60 +341,66 @@ struct DqKernel {
       drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
     });
 
-    const long j_begin = mask.key_begin(i0);
-    const long j_end = mask.key_end(i0 + rows);
-    for (long j0 = j_begin; j0 < j_end; j0 += bk) {
-      const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
-      team.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
-        const bool in = j < cols;
-        if (in) {
-          load_row<ExecSpace>(ks + j * d, k, b, j0 + j, hk, d, Acc(1));
-          load_row<ExecSpace>(vs + j * d, v, b, j0 + j, hk, d, Acc(1));
-        } else {
-          for (int c = 0; c < d; ++c) ks[j * d + c] = vs[j * d + c] = Acc(0);
-        }
-      });
-      team.team_barrier();
-      team_gemm<ExecSpace>(team, bk, bq, d, ks, d, 1, qst, bq, st, bq, false);   // Sᵀ = K·Qᵀ
-      team_gemm<ExecSpace>(team, bk, bq, d, vs, d, 1, dot, bq, dpt, bq, false);  // dPᵀ = V·dOᵀ
-      team.team_barrier();
-      const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
-        with_host_isa([&](auto isa) KFA_SIMD_BODY {
-          // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
-          // branches so that it vectorizes across the W rows on host.
-          const int ib = chunk * W;
-          long first[W], last[W];  // each row's visible keys, as tile columns
-          for (int x = 0; x < W; ++x) {
-            first[x] = 0, last[x] = cols - 1;
-            if (!need_mask) continue;
-            mask.visible_range(i0 + ib + x, first[x], last[x]);
-            first[x] -= j0;
-            last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+    // One pass per document the block's rows meet (one without documents), dQ carried across.
+    const DocumentSpan span = this->mask.documents_of_rows(i0, i0 + rows);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      const KeyRule mask = this->mask.rule(doc);
+      const long j_begin = mask.key_begin(i0);
+      const long j_end = mask.key_end(i0 + rows);
+      for (long j0 = j_begin; j0 < j_end; j0 += bk) {
+        const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
+          const bool in = j < cols;
+          if (in) {
+            load_row<ExecSpace>(ks + j * d, k, b, j0 + j, hk, d, Acc(1));
+            load_row<ExecSpace>(vs + j * d, v, b, j0 + j, hk, d, Acc(1));
+          } else {
+            for (int c = 0; c < d; ++c) ks[j * d + c] = vs[j * d + c] = Acc(0);
           }
-          if (softcap > Acc(0)) {
-            const Acc inv = Acc(1) / softcap;
-            for (int j = 0; j < bk; ++j)
-              for (int x = 0; x < W; ++x) {
-                const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
-                const bool vis = j >= first[x] && j <= last[x];
-                const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
-                dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
-              }
-            return;
-          }
-          if (need_mask)
-            for (int j = 0; j < bk; ++j)
-              for (int x = 0; x < W; ++x) {
-                const bool vis = j >= first[x] && j <= last[x];
-                st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
-              }
-          lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);
         });
-      });
-      team.team_barrier();
-      team_gemm<ExecSpace>(team, bq, d, bk, dpt, 1, bq, ks, d, dqa, d, true);  // dQ += dS·K (scale applied at the end)
+        team.team_barrier();
+        team_gemm<ExecSpace>(team, bk, bq, d, ks, d, 1, qst, bq, st, bq, false);   // Sᵀ = K·Qᵀ
+        team_gemm<ExecSpace>(team, bk, bq, d, vs, d, 1, dot, bq, dpt, bq, false);  // dPᵀ = V·dOᵀ
+        team.team_barrier();
+        const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+          with_host_isa([&](auto isa) KFA_SIMD_BODY {
+            // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
+            // branches so that it vectorizes across the W rows on host.
+            const int ib = chunk * W;
+            long first[W], last[W];  // each row's visible keys, as tile columns
+            for (int x = 0; x < W; ++x) {
+              first[x] = 0, last[x] = cols - 1;
+              if (!need_mask) continue;
+              mask.visible_range(i0 + ib + x, first[x], last[x]);
+              first[x] -= j0;
+              last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+            }
+            if (softcap > Acc(0)) {
+              const Acc inv = Acc(1) / softcap;
+              for (int j = 0; j < bk; ++j)
+                for (int x = 0; x < W; ++x) {
+                  const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
+                  const bool vis = j >= first[x] && j <= last[x];
+                  const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
+                  dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
+                }
+              return;
+            }
+            if (need_mask)
+              for (int j = 0; j < bk; ++j)
+                for (int x = 0; x < W; ++x) {
+                  const bool vis = j >= first[x] && j <= last[x];
+                  st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
+                }
+            lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);
+          });
+        });
+        team.team_barrier();
+        team_gemm<ExecSpace>(team, bq, d, bk, dpt, 1, bq, ks, d, dqa, d,
+                             true);  // dQ += dS·K (scale applied at the end)
+      }
     }
     team.team_barrier();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows), [&](const int r) {

@@ -77,7 +77,6 @@ struct ForwardKernel {
     const int d = head_dim;
     const int i0 = qb * bq;
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
-    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
     ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
@@ -97,92 +96,97 @@ struct ForwardKernel {
       lrow[r] = s0.l;
     });
 
-    const long j_begin = mask.key_begin(i0);
-    const long j_end = mask.key_end(i0 + rows);
-    for (long j0 = j_begin; j0 < j_end; j0 += bk) {
-      const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
-      // On host a tile of Acc rows with a contiguous head dim whose bk rows all exist is read where it lies (rows
-      // past `cols` are another document's or a window's keys: their scores are masked to −inf, and P·V stops at
-      // `cols`); other tiles are copied into kt/vt, converted and padded with zero rows.
-      const bool direct = direct_rows && j0 + bk <= static_cast<long>(k.extent(1));
-      const Acc* kp = kt;
-      const Acc* vp = vt;
-      int ldk = d, ldv = d;
-      if constexpr (direct_types) {
-        if (direct) {
-          kp = &k(b, j0, hk, 0);
-          vp = &v(b, j0, hk, 0);
-          ldk = static_cast<int>(k.stride(1));
-          ldv = static_cast<int>(v.stride(1));
-        }
-      }
-      team.team_barrier();  // the previous tile's P·V is done with kt/vt
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
-        Acc* krow = kt + j * d;
-        Acc* vrow = vt + j * d;
-        if (j0 + bk + j < j_end) {  // the next tile's row, while this tile computes
-          prefetch_row<ExecSpace>(k, b, j0 + bk + j, hk, d);
-          prefetch_row<ExecSpace>(v, b, j0 + bk + j, hk, d);
-        }
-        if (direct) return;
-        if (j < cols) {
-          load_row<ExecSpace>(krow, k, b, j0 + j, hk, d, Acc(1));
-          load_row<ExecSpace>(vrow, v, b, j0 + j, hk, d, Acc(1));
-        } else {
-          for (int c = 0; c < d; ++c) krow[c] = vrow[c] = Acc(0);
-        }
-      });
-      team.team_barrier();
-      // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
-      team_gemm<ExecSpace>(team, bk, bq, d, kp, ldk, 1, qt, bq, st, bq, false);
-      team.team_barrier();
-
-      const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
-        with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (common/host_simd.hpp)
-          const int ib = chunk * W;
-          if (softcap > Acc(0)) {
-            const Acc inv = Acc(1) / softcap;
-            for (int j = 0; j < bk; ++j)
-              for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
+    // One pass per document the block's rows meet (one without documents), the row states carried across.
+    const DocumentSpan span = this->mask.documents_of_rows(i0, i0 + rows);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      const KeyRule mask = this->mask.rule(doc);
+      const long j_begin = mask.key_begin(i0);
+      const long j_end = mask.key_end(i0 + rows);
+      for (long j0 = j_begin; j0 < j_end; j0 += bk) {
+        const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
+        // On host a tile of Acc rows with a contiguous head dim whose bk rows all exist is read where it lies (rows
+        // past `cols` are another document's or a window's keys: their scores are masked to −inf, and P·V stops at
+        // `cols`); other tiles are copied into kt/vt, converted and padded with zero rows.
+        const bool direct = direct_rows && j0 + bk <= static_cast<long>(k.extent(1));
+        const Acc* kp = kt;
+        const Acc* vp = vt;
+        int ldk = d, ldv = d;
+        if constexpr (direct_types) {
+          if (direct) {
+            kp = &k(b, j0, hk, 0);
+            vp = &v(b, j0, hk, 0);
+            ldk = static_cast<int>(k.stride(1));
+            ldv = static_cast<int>(v.stride(1));
           }
-          if (need_mask) {
-            long first[W], last[W];  // each row's visible keys, as tile columns
-            for (int x = 0; x < W; ++x) {
-              mask.visible_range(i0 + ib + x, first[x], last[x]);
-              first[x] -= j0;
-              last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
-            }
-            for (int j = 0; j < bk; ++j)
-              for (int x = 0; x < W; ++x) {
-                const bool vis = j >= first[x] && j <= last[x];
-                st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
-              }
+        }
+        team.team_barrier();  // the previous tile's P·V is done with kt/vt
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
+          Acc* krow = kt + j * d;
+          Acc* vrow = vt + j * d;
+          if (j0 + bk + j < j_end) {  // the next tile's row, while this tile computes
+            prefetch_row<ExecSpace>(k, b, j0 + bk + j, hk, d);
+            prefetch_row<ExecSpace>(v, b, j0 + bk + j, hk, d);
           }
-          Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
-          for (int x = 0; x < W; ++x) tmax[x] = ninf;
-          lanes_max<W>(isa, st + ib, bq, bk, tmax);
-          // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
-          // directly at the merged maximum, so their factor is 1.
-          for (int x = 0; x < W; ++x) {
-            const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
-            mnew[x] = f.m;
-            mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
-            scale_old[x] = f.scale_a;
-            sum[x] = Acc(0);
-          }
-          lanes_exp_sum<W>(isa, st + ib, bq, bk, mexp, sum);
-          for (int x = 0; x < W; ++x) {
-            mrow[ib + x] = mnew[x];
-            lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
-            if (scale_old[x] != Acc(1))
-              for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
+          if (direct) return;
+          if (j < cols) {
+            load_row<ExecSpace>(krow, k, b, j0 + j, hk, d, Acc(1));
+            load_row<ExecSpace>(vrow, v, b, j0 + j, hk, d, Acc(1));
+          } else {
+            for (int c = 0; c < d; ++c) krow[c] = vrow[c] = Acc(0);
           }
         });
-      });
-      team.team_barrier();
-      // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
-      team_gemm<ExecSpace>(team, bq, d, cols, st, 1, bq, vp, ldv, ot, d, true);
+        team.team_barrier();
+        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
+        team_gemm<ExecSpace>(team, bk, bq, d, kp, ldk, 1, qt, bq, st, bq, false);
+        team.team_barrier();
+
+        const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+          with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (common/host_simd.hpp)
+            const int ib = chunk * W;
+            if (softcap > Acc(0)) {
+              const Acc inv = Acc(1) / softcap;
+              for (int j = 0; j < bk; ++j)
+                for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
+            }
+            if (need_mask) {
+              long first[W], last[W];  // each row's visible keys, as tile columns
+              for (int x = 0; x < W; ++x) {
+                mask.visible_range(i0 + ib + x, first[x], last[x]);
+                first[x] -= j0;
+                last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+              }
+              for (int j = 0; j < bk; ++j)
+                for (int x = 0; x < W; ++x) {
+                  const bool vis = j >= first[x] && j <= last[x];
+                  st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
+                }
+            }
+            Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
+            for (int x = 0; x < W; ++x) tmax[x] = ninf;
+            lanes_max<W>(isa, st + ib, bq, bk, tmax);
+            // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
+            // directly at the merged maximum, so their factor is 1.
+            for (int x = 0; x < W; ++x) {
+              const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
+              mnew[x] = f.m;
+              mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
+              scale_old[x] = f.scale_a;
+              sum[x] = Acc(0);
+            }
+            lanes_exp_sum<W>(isa, st + ib, bq, bk, mexp, sum);
+            for (int x = 0; x < W; ++x) {
+              mrow[ib + x] = mnew[x];
+              lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
+              if (scale_old[x] != Acc(1))
+                for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
+            }
+          });
+        });
+        team.team_barrier();
+        // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
+        team_gemm<ExecSpace>(team, bq, d, cols, st, 1, bq, vp, ldv, ot, d, true);
+      }
     }
     team.team_barrier();
 

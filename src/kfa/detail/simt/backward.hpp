@@ -266,22 +266,20 @@ struct SimtDkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
-    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dkdv_scratch)));
     const std::uint32_t sbase = smem_addr(smem);
 
-    const long qb0 = mask.query_begin(k0);
-    const long qb1 = mask.query_end(k0 + keys, seq_q);
-    const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
-    const int steps = n_qt * group;
+    KeyRule mask;  // the pass's: one per document the block's keys meet (one without documents)
+    long qb0 = 0, qb1 = 0;
+    int n_qt = 0;
     const long qs1 = static_cast<long>(q.stride(1)), os1 = static_cast<long>(d_o.stride(1));
-    // Step `step` (query head step / n_qt, query tile step % n_qt) into stage step & 1.
-    auto issue = [&](int step) {
+    // Step `step` of the pass (query head step / n_qt, query tile step % n_qt) into stage st.
+    auto issue = [&](int step, int st) {
       const int hq = hk * group + step / n_qt;
       const long i = qb0 + static_cast<long>(step % n_qt) * BQ;
       const int rows = qb1 - i < BQ ? static_cast<int>(qb1 - i) : BQ;
-      const std::uint32_t dst = sbase + static_cast<std::uint32_t>((step & 1) * STAGE * 4);
+      const std::uint32_t dst = sbase + static_cast<std::uint32_t>(st * STAGE * 4);
       load_rows<D, BQ, T>(dst, q.data() + b * q.stride(0) + i * qs1 + hq * q.stride(2), qs1, rows, tid);
       load_rows<D, BQ, T>(dst + BQ * D * 4, d_o.data() + b * d_o.stride(0) + i * os1 + hq * d_o.stride(2), os1, rows,
                           tid);
@@ -292,8 +290,6 @@ struct SimtDkDvKernel {
         cp4(dst + static_cast<std::uint32_t>((2 * BQ * D + BQ + tid) * 4), &dd(b, hq, ii), ok);
       }
     };
-    if (steps > 0) issue(0);
-    commit();
 
     int krow[R];  // this thread's key rows within the block
     float kr[R][HD], vr[R][HD], dka[R][HD], dva[R][HD];
@@ -308,40 +304,54 @@ struct SimtDkDvKernel {
     }
     const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
 
-    for (int step = 0; step < steps; ++step) {
-      wait_all();
-      __syncthreads();  // this step's stage is in; every thread is done with the other stage
-      if (step + 1 < steps) issue(step + 1);
+    // One pass per document the block's keys meet (one without documents), dK and dV carried across; step t of
+    // all passes is in stage t & 1 (a step ends with no barrier: the next pass starts in the other stage).
+    int t = 0;
+    const DocumentSpan span = this->mask.documents_of_keys(k0, k0 + keys);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      mask = this->mask.rule(doc);
+      qb0 = mask.query_begin(k0);
+      qb1 = mask.query_end(k0 + keys, seq_q);
+      n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+      const int steps = n_qt * group;
+      if (steps == 0) continue;
+      issue(0, t & 1);
       commit();
-      const long i0 = qb0 + static_cast<long>(step % n_qt) * BQ;
-      const int rows = qb1 - i0 < BQ ? static_cast<int>(qb1 - i0) : BQ;
-      const float* qs = smem + (step & 1) * STAGE;
-      const float* os = qs + BQ * D;
-      const float* ls = qs + 2 * BQ * D;
-      const float* ds_ = ls + BQ;
-      const bool need_mask = !mask.all_visible(i0, i0 + rows, k0, k0 + keys);
+      for (int step = 0; step < steps; ++step, ++t) {
+        wait_all();
+        __syncthreads();  // this step's stage is in; every thread is done with the other stage
+        if (step + 1 < steps) issue(step + 1, (t + 1) & 1);
+        commit();
+        const long i0 = qb0 + static_cast<long>(step % n_qt) * BQ;
+        const int rows = qb1 - i0 < BQ ? static_cast<int>(qb1 - i0) : BQ;
+        const float* qs = smem + (t & 1) * STAGE;
+        const float* os = qs + BQ * D;
+        const float* ls = qs + 2 * BQ * D;
+        const float* ds_ = ls + BQ;
+        const bool need_mask = !mask.all_visible(i0, i0 + rows, k0, k0 + keys);
 #pragma unroll U
-      for (int ii = 0; ii < rows; ++ii) {
-        float4 qx[C], ox[C];
-        load_slice<H, C>(qx, qs + ii * D, part);
-        load_slice<H, C>(ox, os + ii * D, part);
-        float s[R], dp[R], p[R], g[R];
+        for (int ii = 0; ii < rows; ++ii) {
+          float4 qx[C], ox[C];
+          load_slice<H, C>(qx, qs + ii * D, part);
+          load_slice<H, C>(ox, os + ii * D, part);
+          float s[R], dp[R], p[R], g[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = dot<C>(kr[r], qx), dp[r] = dot<C>(vr[r], ox);
-        const float l = recompute_lse(ls[ii]), dval = ds_[ii];
-        long first = 0, last = -1;
-        if (need_mask) mask.visible_range(i0 + ii, first, last);
-        reduce_p_ds<H, false>(
-            s, dp, part,
-            [&](int r, float sr, float dpr, float& pr, float& gr) {
-              const long j = k0 + (r ? krow[1] : krow[0]);
-              p_and_ds(sr, dpr, scale, softcap, inv_cap, l, dval, !need_mask || (j >= first && j <= last), pr, gr);
-            },
-            p, g);
+          for (int r = 0; r < R; ++r) s[r] = dot<C>(kr[r], qx), dp[r] = dot<C>(vr[r], ox);
+          const float l = recompute_lse(ls[ii]), dval = ds_[ii];
+          long first = 0, last = -1;
+          if (need_mask) mask.visible_range(i0 + ii, first, last);
+          reduce_p_ds<H, false>(
+              s, dp, part,
+              [&](int r, float sr, float dpr, float& pr, float& gr) {
+                const long j = k0 + (r ? krow[1] : krow[0]);
+                p_and_ds(sr, dpr, scale, softcap, inv_cap, l, dval, !need_mask || (j >= first && j <= last), pr, gr);
+              },
+              p, g);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          axpy<C>(dva[r], p[r], ox);
-          axpy<C>(dka[r], g[r], qx);
+          for (int r = 0; r < R; ++r) {
+            axpy<C>(dva[r], p[r], ox);
+            axpy<C>(dka[r], g[r], qx);
+          }
         }
       }
     }
@@ -411,7 +421,6 @@ struct SimtDqKernel {
     const int grp = tid / H, part = tid % H;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
     const std::uint32_t sbase = smem_addr(smem);
@@ -419,18 +428,16 @@ struct SimtDqKernel {
     const float* vbase = v.data() + b * v.stride(0) + hk * v.stride(2);
     const long ks1 = static_cast<long>(k.stride(1)), vs1 = static_cast<long>(v.stride(1));
 
-    const long j_begin = mask.key_begin(i0);
-    const long j_end = mask.key_end(i0 + rows);
-    const int n_kt = j_end > j_begin ? static_cast<int>((j_end - j_begin + BK - 1) / BK) : 0;
-    auto issue = [&](int t) {
+    KeyRule mask;  // the pass's: one per document the block's rows meet (one without documents)
+    long j_begin = 0, j_end = 0;
+    int n_kt = 0;
+    auto issue = [&](int t, int st) {  // the pass's tile t into stage st
       const long j = j_begin + static_cast<long>(t) * BK;
       const int cols = j_end - j < BK ? static_cast<int>(j_end - j) : BK;
-      const std::uint32_t dst = sbase + static_cast<std::uint32_t>((t & 1) * STAGE * 4);
+      const std::uint32_t dst = sbase + static_cast<std::uint32_t>(st * STAGE * 4);
       load_rows<D, BK, T>(dst, kbase + j * ks1, ks1, cols, tid);
       load_rows<D, BK, T>(dst + BK * D * 4, vbase + j * vs1, vs1, cols, tid);
     };
-    if (n_kt > 0) issue(0);
-    commit();
 
     int row[R];
     float qr[R][HD], orr[R][HD], dqa[R][HD], l[R], dval[R];
@@ -443,40 +450,54 @@ struct SimtDqKernel {
       load_slice_global<H, C>(orr[r], in ? &d_o(b, row[r], h, 0) : nullptr, part);
       l[r] = in ? recompute_lse(static_cast<float>(lse(b, h, row[r]))) : compat::infinity<float>();
       dval[r] = in ? static_cast<float>(dd(b, h, row[r])) : 0.f;
-      mask.visible_range(row[r], first[r], last[r]);
 #pragma unroll
       for (int c = 0; c < HD; ++c) dqa[r][c] = 0.f;
     }
     const float inv_cap = softcap > 0.f ? 1.f / softcap : 0.f;
 
-    for (int t = 0; t < n_kt; ++t) {
-      wait_all();
-      __syncthreads();  // tile t is in; every thread is done with tile t − 1's stage
-      if (t + 1 < n_kt) issue(t + 1);
+    // One pass per document the block's rows meet (one without documents), dQ carried across; tile u of all
+    // passes is in stage u & 1 (a tile ends with no barrier: the next pass starts in the other stage).
+    int u = 0;
+    const DocumentSpan span = this->mask.documents_of_rows(i0, i0 + rows);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      mask = this->mask.rule(doc);
+      j_begin = mask.key_begin(i0);
+      j_end = mask.key_end(i0 + rows);
+      n_kt = j_end > j_begin ? static_cast<int>((j_end - j_begin + BK - 1) / BK) : 0;
+      if (n_kt == 0) continue;
+#pragma unroll
+      for (int r = 0; r < R; ++r) mask.visible_range(row[r], first[r], last[r]);
+      issue(0, u & 1);
       commit();
-      const long j0 = j_begin + static_cast<long>(t) * BK;
-      const int cols = j_end - j0 < BK ? static_cast<int>(j_end - j0) : BK;
-      const float* ks = smem + (t & 1) * STAGE;
-      const float* vs = ks + BK * D;
-      const bool need_mask = !mask.all_visible(i0, i0 + rows, j0, j0 + cols);
+      for (int t = 0; t < n_kt; ++t, ++u) {
+        wait_all();
+        __syncthreads();  // tile t is in; every thread is done with tile t − 1's stage
+        if (t + 1 < n_kt) issue(t + 1, (u + 1) & 1);
+        commit();
+        const long j0 = j_begin + static_cast<long>(t) * BK;
+        const int cols = j_end - j0 < BK ? static_cast<int>(j_end - j0) : BK;
+        const float* ks = smem + (u & 1) * STAGE;
+        const float* vs = ks + BK * D;
+        const bool need_mask = !mask.all_visible(i0, i0 + rows, j0, j0 + cols);
 #pragma unroll U
-      for (int jj = 0; jj < cols; ++jj) {
-        float4 kx[C], vx[C];
-        load_slice<H, C>(kx, ks + jj * D, part);
-        load_slice<H, C>(vx, vs + jj * D, part);
-        float s[R], dp[R], p[R], g[R];
+        for (int jj = 0; jj < cols; ++jj) {
+          float4 kx[C], vx[C];
+          load_slice<H, C>(kx, ks + jj * D, part);
+          load_slice<H, C>(vx, vs + jj * D, part);
+          float s[R], dp[R], p[R], g[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = dot<C>(qr[r], kx), dp[r] = dot<C>(orr[r], vx);
-        const long j = j0 + jj;
-        reduce_p_ds<H, true>(
-            s, dp, part,
-            [&](int r, float sr, float dpr, float& pr, float& gr) {
-              const bool vis = !need_mask || (r ? (j >= first[1] && j <= last[1]) : (j >= first[0] && j <= last[0]));
-              p_and_ds(sr, dpr, scale, softcap, inv_cap, r ? l[1] : l[0], r ? dval[1] : dval[0], vis, pr, gr);
-            },
-            p, g);
+          for (int r = 0; r < R; ++r) s[r] = dot<C>(qr[r], kx), dp[r] = dot<C>(orr[r], vx);
+          const long j = j0 + jj;
+          reduce_p_ds<H, true>(
+              s, dp, part,
+              [&](int r, float sr, float dpr, float& pr, float& gr) {
+                const bool vis = !need_mask || (r ? (j >= first[1] && j <= last[1]) : (j >= first[0] && j <= last[0]));
+                p_and_ds(sr, dpr, scale, softcap, inv_cap, r ? l[1] : l[0], r ? dval[1] : dval[0], vis, pr, gr);
+              },
+              p, g);
 #pragma unroll
-        for (int r = 0; r < R; ++r) axpy<C>(dqa[r], g[r], kx);
+          for (int r = 0; r < R; ++r) axpy<C>(dqa[r], g[r], kx);
+        }
       }
     }
     wait_all();

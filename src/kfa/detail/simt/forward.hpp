@@ -97,7 +97,6 @@ struct SimtForwardKernel {
     const int grp = tid / H, part = tid % H;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
     int row[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row[r] = i0 + grp + r * (BQ / R);
@@ -111,13 +110,6 @@ struct SimtForwardKernel {
     const float* kbase = k.data() + b * k.stride(0) + hk * k.stride(2);
     const float* vbase = v.data() + b * v.stride(0) + hk * v.stride(2);
     const long kstride = static_cast<long>(k.stride(1)), vstride = static_cast<long>(v.stride(1));
-
-    const long j_begin = mask.key_begin(i0);
-    const long j_end = mask.key_end(i0 + rows);
-    if (j_begin < j_end)
-      load_tile(ks, kbase + j_begin * kstride, kstride, static_cast<int>(j_end - j_begin < BK ? j_end - j_begin : BK),
-                tid);
-    asm volatile("cp.async.commit_group;\n" ::);
 
     float qr[R][HD], acc[R][HD], m[R], l[R];
 #pragma unroll
@@ -136,85 +128,96 @@ struct SimtForwardKernel {
     }
     const int off = part * (HD + 4);  // this thread's dims within a scratch row
 
-    for (long j0 = j_begin; j0 < j_end; j0 += BK) {
-      const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      __syncthreads();  // K_j is in; every thread is done with V_{j-1}
-      load_tile(vs, vbase + j0 * vstride, vstride, cols, tid);
+    // One pass per document the block's rows meet (one without documents), the row states carried across.
+    const DocumentSpan span = this->mask.documents_of_rows(i0, i0 + rows);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      const KeyRule mask = this->mask.rule(doc);
+      const long j_begin = mask.key_begin(i0);
+      const long j_end = mask.key_end(i0 + rows);
+      if (j_begin < j_end)
+        load_tile(ks, kbase + j_begin * kstride, kstride, static_cast<int>(j_end - j_begin < BK ? j_end - j_begin : BK),
+                  tid);
       asm volatile("cp.async.commit_group;\n" ::);
+      for (long j0 = j_begin; j0 < j_end; j0 += BK) {
+        const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();  // K_j is in; every thread is done with V_{j-1}
+        load_tile(vs, vbase + j0 * vstride, vstride, cols, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
 
-      const bool need_mask = cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK);
-      // The tile in sub-blocks of SUB keys (scores, softmax, P·V; each merged into the row's state with
-      // the combine rule): a runtime loop with an unrolled body, because unrolling all BK keys overflowed
-      // the instruction cache (ncu, 2026-11-29: "no instruction" stalls dominated).
-      float sbuf[R][SUB];
-      for (int jb = 0; jb < BK; jb += SUB) {
+        const bool need_mask = cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK);
+        // The tile in sub-blocks of SUB keys (scores, softmax, P·V; each merged into the row's state with
+        // the combine rule): a runtime loop with an unrolled body, because unrolling all BK keys overflowed
+        // the instruction cache (ncu, 2026-11-29: "no instruction" stalls dominated).
+        float sbuf[R][SUB];
+        for (int jb = 0; jb < BK; jb += SUB) {
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          const float4* kr = reinterpret_cast<const float4*>(kt + (jb + j) * P + off);
-          float a[R];
+          for (int j = 0; j < SUB; ++j) {
+            const float4* kr = reinterpret_cast<const float4*>(kt + (jb + j) * P + off);
+            float a[R];
 #pragma unroll
-          for (int r = 0; r < R; ++r) a[r] = 0.f;
+            for (int r = 0; r < R; ++r) a[r] = 0.f;
 #pragma unroll
-          for (int c = 0; c < HD / 4; ++c) {
-            const float4 x = kr[c];
+            for (int c = 0; c < HD / 4; ++c) {
+              const float4 x = kr[c];
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-              a[r] += qr[r][4 * c] * x.x + qr[r][4 * c + 1] * x.y + qr[r][4 * c + 2] * x.z + qr[r][4 * c + 3] * x.w;
+              for (int r = 0; r < R; ++r)
+                a[r] += qr[r][4 * c] * x.x + qr[r][4 * c + 1] * x.y + qr[r][4 * c + 2] * x.z + qr[r][4 * c + 3] * x.w;
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              float x = a[r];
+#pragma unroll
+              for (int w = 1; w < H; w *= 2) x += __shfl_xor_sync(0xffffffffu, x, w);
+              if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+              if (need_mask && !(jb + j < cols && row[r] < i0 + rows && mask.visible(row[r], j0 + jb + j))) x = ninf;
+              sbuf[r][j] = x;
+            }
+          }
+          if (jb + SUB >= BK) {
+            __syncthreads();  // every thread is done with K_j: K_{j+1} loads during this sub-block's P·V
+            if (j0 + BK < j_end) {
+              const long jn = j0 + BK;
+              load_tile(ks, kbase + jn * kstride, kstride, static_cast<int>(j_end - jn < BK ? j_end - jn : BK), tid);
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
           }
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            float x = a[r];
+            float tmax = ninf;
 #pragma unroll
-            for (int w = 1; w < H; w *= 2) x += __shfl_xor_sync(0xffffffffu, x, w);
-            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-            if (need_mask && !(jb + j < cols && row[r] < i0 + rows && mask.visible(row[r], j0 + jb + j))) x = ninf;
-            sbuf[r][j] = x;
+            for (int j = 0; j < SUB; ++j) tmax = fmaxf(tmax, sbuf[r][j]);
+            const MergeFactors<float> f = merge_factors(m[r], tmax);
+            m[r] = f.m;
+            const float mexp = f.m == ninf ? 0.f : f.m;  // no visible key yet: exp(−inf) = 0, never NaN
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < SUB; ++j) {
+              sbuf[r][j] = __expf(sbuf[r][j] - mexp);
+              sum += sbuf[r][j];
+            }
+            l[r] = l[r] * f.scale_a + sum;
+            if (f.scale_a != 1.f) {
+#pragma unroll
+              for (int c = 0; c < HD; ++c) acc[r][c] *= f.scale_a;
+            }
           }
-        }
-        if (jb + SUB >= BK) {
-          __syncthreads();  // every thread is done with K_j: K_{j+1} loads during this sub-block's P·V
-          if (j0 + BK < j_end) {
-            const long jn = j0 + BK;
-            load_tile(ks, kbase + jn * kstride, kstride, static_cast<int>(j_end - jn < BK ? j_end - jn : BK), tid);
+          if (jb == 0) {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            __syncthreads();  // V_j is in
           }
-          asm volatile("cp.async.commit_group;\n" ::);
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float tmax = ninf;
-#pragma unroll
-          for (int j = 0; j < SUB; ++j) tmax = fmaxf(tmax, sbuf[r][j]);
-          const MergeFactors<float> f = merge_factors(m[r], tmax);
-          m[r] = f.m;
-          const float mexp = f.m == ninf ? 0.f : f.m;  // no visible key yet: exp(−inf) = 0, never NaN
-          float sum = 0.f;
 #pragma unroll
           for (int j = 0; j < SUB; ++j) {
-            sbuf[r][j] = __expf(sbuf[r][j] - mexp);
-            sum += sbuf[r][j];
-          }
-          l[r] = l[r] * f.scale_a + sum;
-          if (f.scale_a != 1.f) {
+            const float4* vr = reinterpret_cast<const float4*>(vt + (jb + j) * P + off);
 #pragma unroll
-            for (int c = 0; c < HD; ++c) acc[r][c] *= f.scale_a;
-          }
-        }
-        if (jb == 0) {
-          asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-          __syncthreads();  // V_j is in
-        }
+            for (int c = 0; c < HD / 4; ++c) {
+              const float4 x = vr[c];
 #pragma unroll
-        for (int j = 0; j < SUB; ++j) {
-          const float4* vr = reinterpret_cast<const float4*>(vt + (jb + j) * P + off);
-#pragma unroll
-          for (int c = 0; c < HD / 4; ++c) {
-            const float4 x = vr[c];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              const float p = sbuf[r][j];
-              acc[r][4 * c] += p * x.x, acc[r][4 * c + 1] += p * x.y, acc[r][4 * c + 2] += p * x.z,
-                  acc[r][4 * c + 3] += p * x.w;
+              for (int r = 0; r < R; ++r) {
+                const float p = sbuf[r][j];
+                acc[r][4 * c] += p * x.x, acc[r][4 * c + 1] += p * x.y, acc[r][4 * c + 2] += p * x.z,
+                    acc[r][4 * c + 3] += p * x.w;
+              }
             }
           }
         }

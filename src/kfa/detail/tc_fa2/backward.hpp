@@ -131,7 +131,6 @@ struct TcFa2DkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
-    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
     // V, K, two stages of (Q, dO), then P and dS.
     const std::uint32_t vs = tc::smem_addr(smem), ks = vs + BK * P * 2;
@@ -140,10 +139,9 @@ struct TcFa2DkDvKernel {
     char* ps_ptr = smem + (ps - vs);
     char* dss_ptr = smem + (dss - vs);
 
-    const long qb0 = mask.query_begin(k0);
-    const long qb1 = mask.query_end(k0 + keys, seq_q);
-    const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
-    const int steps = n_qt * group;
+    KeyRule mask;  // the pass's: one per document the block's keys meet (one without documents)
+    long qb0 = 0, qb1 = 0;
+    int n_qt = 0;
     const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
     const auto* qbase = q.data() + b * q.stride(0) + static_cast<long>(hk) * group * q.stride(2);
     const auto* dobase = d_o.data() + b * d_o.stride(0) + static_cast<long>(hk) * group * d_o.stride(2);
@@ -157,16 +155,6 @@ struct TcFa2DkDvKernel {
       tc::load_tile_async<D, BQ, NTH>(
           dos, reinterpret_cast<const std::uint16_t*>(dobase + i * dostride + gh * d_o.stride(2)), dostride, rows, tid);
     };
-    if (steps > 0) {
-      tc::load_tile_async<D, BK, NTH>(
-          vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
-          static_cast<long>(v.stride(1)), keys, tid);
-      tc::load_tile_async<D, BK, NTH>(
-          ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
-          static_cast<long>(k.stride(1)), keys, tid);
-      issue(0, 0, 0);
-    }
-    tc::cp_async_commit();
 
     // dK/dV: warp owns keys kw0 … kw0 + BK/4 − 1 (KM m16 tiles) and columns cw0 … cw0 + D/2 − 1.
     constexpr int NB = D / 16;  // n8 tiles of D/2 columns
@@ -191,161 +179,180 @@ struct TcFa2DkDvKernel {
     // Pᵀ, dSᵀ as A from P, dS [query][key], transposed: matrix mi holds keys +8·(mi odd), queries +8·(mi ≥ 2).
     const std::uint32_t at_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * PP + (mi & 1) * 8) * 2);
 
-    int qt = 0, gh = 0;
-    for (int step = 0; step < steps; ++step) {
-      const long i0 = qb0 + static_cast<long>(qt) * BQ;
-      const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
-      const int hq = hk * group + gh;
-      const int st = step & 1;
-      // This warp's four rows' lse·log2(e) and D (rows past the tile: +inf and 0, so P = 0 there).
-      float lse2[MS][2], ddr[MS][2];
-#pragma unroll
-      for (int mt = 0; mt < MS; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int rr = qw0 + mt * 16 + g + r * 8;
-          const bool in = rr < rows;
-          lse2[mt][r] =
-              in ? recompute_lse(static_cast<float>(lse(b, hq, i0 + rr))) * tc::log2e : compat::infinity<float>();
-          ddr[mt][r] = in ? static_cast<float>(dd(b, hq, i0 + rr)) : 0.f;
-        }
-      if (step + 1 < steps) {
-        if (qt + 1 < n_qt)
-          issue(qt + 1, gh, st ^ 1);
-        else
-          issue(0, gh + 1, st ^ 1);
-      }
+    // K and V, with the first pass's first step. One pass per document the block's keys meet (one without
+    // documents), dK and dV carried across; each pass starts its own pipeline (every stage is free between them).
+    tc::load_tile_async<D, BK, NTH>(
+        vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+        static_cast<long>(v.stride(1)), keys, tid);
+    tc::load_tile_async<D, BK, NTH>(
+        ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+        static_cast<long>(k.stride(1)), keys, tid);
+    const DocumentSpan span = this->mask.documents_of_keys(k0, k0 + keys);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      mask = this->mask.rule(doc);
+      qb0 = mask.query_begin(k0);
+      qb1 = mask.query_end(k0 + keys, seq_q);
+      n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+      const int steps = n_qt * group;
+      if (steps == 0) continue;
+      issue(0, 0, 0);
       tc::cp_async_commit();
-      tc::cp_async_wait_1();  // all but the group just issued
-      __syncthreads();        // this step's Q and dO (and K, V) are in
-      const std::uint32_t qs = stage0 + st * static_cast<std::uint32_t>(Shape::dkdv_stage), dos = qs + BQ * P * 2;
-
-      // 1. dP = dO·Vᵀ, then S = Q·Kᵀ (dP first: P and dS then come out of one pass, with no softcap
-      //    factor held across a product). S is computed MSS m-tiles at a time, each part followed by its
-      //    P/dS pass (MSS < MS: fewer registers at the peak, K's fragments read once per part).
-      float dp[MS][SN][4];
-#pragma unroll
-      for (int mt = 0; mt < MS; ++mt)
-#pragma unroll
-        for (int n = 0; n < SN; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t af[MS][4];
+      int qt = 0, gh = 0;
+      for (int step = 0; step < steps; ++step) {
+        const long i0 = qb0 + static_cast<long>(qt) * BQ;
+        const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
+        const int hq = hk * group + gh;
+        const int st = step & 1;
+        // This warp's four rows' lse·log2(e) and D (rows past the tile: +inf and 0, so P = 0 there).
+        float lse2[MS][2], ddr[MS][2];
 #pragma unroll
         for (int mt = 0; mt < MS; ++mt)
-          tc::ldmatrix_x4(af[mt], dos + a_lane + static_cast<std::uint32_t>(((qw0 + mt * 16) * P + kk * 16) * 2));
 #pragma unroll
-        for (int n = 0; n < SN; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4(bf, vs + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
-#pragma unroll
-          for (int mt = 0; mt < MS; ++mt) {
-            tc::mma<T>(dp[mt][n], af[mt], bf[0], bf[1]);
-            tc::mma<T>(dp[mt][n + 1], af[mt], bf[2], bf[3]);
+          for (int r = 0; r < 2; ++r) {
+            const int rr = qw0 + mt * 16 + g + r * 8;
+            const bool in = rr < rows;
+            lse2[mt][r] =
+                in ? recompute_lse(static_cast<float>(lse(b, hq, i0 + rr))) * tc::log2e : compat::infinity<float>();
+            ddr[mt][r] = in ? static_cast<float>(dd(b, hq, i0 + rr)) : 0.f;
           }
+        if (step + 1 < steps) {
+          if (qt + 1 < n_qt)
+            issue(qt + 1, gh, st ^ 1);
+          else
+            issue(0, gh + 1, st ^ 1);
         }
-      }
-      const bool masked_tile = rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK);
+        tc::cp_async_commit();
+        tc::cp_async_wait_1();  // all but the group just issued
+        __syncthreads();        // this step's Q and dO (and K, V) are in
+        const std::uint32_t qs = stage0 + st * static_cast<std::uint32_t>(Shape::dkdv_stage), dos = qs + BQ * P * 2;
+
+        // 1. dP = dO·Vᵀ, then S = Q·Kᵀ (dP first: P and dS then come out of one pass, with no softcap
+        //    factor held across a product). S is computed MSS m-tiles at a time, each part followed by its
+        //    P/dS pass (MSS < MS: fewer registers at the peak, K's fragments read once per part).
+        float dp[MS][SN][4];
 #pragma unroll
-      for (int m0 = 0; m0 < MS; m0 += MSS) {
-        float s[MSS][SN][4];
-#pragma unroll
-        for (int mt = 0; mt < MSS; ++mt)
+        for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
           for (int n = 0; n < SN; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+            for (int e = 0; e < 4; ++e) dp[mt][n][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          std::uint32_t af[MSS][4];
+          std::uint32_t af[MS][4];
 #pragma unroll
-          for (int mt = 0; mt < MSS; ++mt)
-            tc::ldmatrix_x4(af[mt],
-                            qs + a_lane + static_cast<std::uint32_t>(((qw0 + (m0 + mt) * 16) * P + kk * 16) * 2));
+          for (int mt = 0; mt < MS; ++mt)
+            tc::ldmatrix_x4(af[mt], dos + a_lane + static_cast<std::uint32_t>(((qw0 + mt * 16) * P + kk * 16) * 2));
 #pragma unroll
           for (int n = 0; n < SN; n += 2) {
             std::uint32_t bf[4];
-            tc::ldmatrix_x4(bf, ks + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
+            tc::ldmatrix_x4(bf, vs + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
 #pragma unroll
-            for (int mt = 0; mt < MSS; ++mt) {
-              tc::mma<T>(s[mt][n], af[mt], bf[0], bf[1]);
-              tc::mma<T>(s[mt][n + 1], af[mt], bf[2], bf[3]);
+            for (int mt = 0; mt < MS; ++mt) {
+              tc::mma<T>(dp[mt][n], af[mt], bf[0], bf[1]);
+              tc::mma<T>(dp[mt][n + 1], af[mt], bf[2], bf[3]);
             }
           }
         }
-        // P and dS of these m-tiles into shared memory, [query][key], 16-bit. Masked tiles take a second copy
-        // of the pass, in which each row's visible keys are one range of the tile (the common tile tests
-        // nothing per element).
-        auto p_ds_pass = [&](auto masked) {
-          constexpr bool Masked = decltype(masked)::value;
+        const bool masked_tile = rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK);
+#pragma unroll
+        for (int m0 = 0; m0 < MS; m0 += MSS) {
+          float s[MSS][SN][4];
 #pragma unroll
           for (int mt = 0; mt < MSS; ++mt)
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int rr = qw0 + (m0 + mt) * 16 + g + r * 8;
-              int lo = 0, hi = BK - 1;  // visible keys of the row, tile-local
-              if (Masked) {
-                long first, last;
-                mask.visible_range(i0 + rr, first, last);
-                lo = static_cast<int>(first - k0 < 0 ? 0 : (first - k0 > BK ? BK : first - k0));
-                hi = static_cast<int>(last - k0 < -1 ? -1 : (last - k0 > BK - 1 ? BK - 1 : last - k0));
-                if (rr >= rows) hi = -1;
-              }
+            for (int n = 0; n < SN; ++n)
 #pragma unroll
-              for (int n = 0; n < SN; ++n) {
-                const int kk0 = sw0 + n * 8 + 2 * t4;
-                float p[2], d2[2];
+              for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const bool vis = !Masked || (kk0 + e >= lo && kk0 + e <= hi);
-                  float dcap;
-                  p[e] = tc_recompute_p<Softcap>(s[mt][n][2 * r + e], pc, lse2[m0 + mt][r], vis, dcap);
-                  d2[e] = p[e] * (dp[m0 + mt][n][2 * r + e] - ddr[m0 + mt][r]) * dcap;
-                }
-                const int off = (rr * PP + kk0) * 2;
-                *reinterpret_cast<std::uint32_t*>(ps_ptr + off) = cuda16<T>::pack(p[0], p[1]);
-                *reinterpret_cast<std::uint32_t*>(dss_ptr + off) = cuda16<T>::pack(d2[0], d2[1]);
+          for (int kk = 0; kk < D / 16; ++kk) {
+            std::uint32_t af[MSS][4];
+#pragma unroll
+            for (int mt = 0; mt < MSS; ++mt)
+              tc::ldmatrix_x4(af[mt],
+                              qs + a_lane + static_cast<std::uint32_t>(((qw0 + (m0 + mt) * 16) * P + kk * 16) * 2));
+#pragma unroll
+            for (int n = 0; n < SN; n += 2) {
+              std::uint32_t bf[4];
+              tc::ldmatrix_x4(bf, ks + b_lane + static_cast<std::uint32_t>(((sw0 + n * 8) * P + kk * 16) * 2));
+#pragma unroll
+              for (int mt = 0; mt < MSS; ++mt) {
+                tc::mma<T>(s[mt][n], af[mt], bf[0], bf[1]);
+                tc::mma<T>(s[mt][n + 1], af[mt], bf[2], bf[3]);
               }
             }
-        };
-        if (masked_tile)
-          p_ds_pass(std::true_type{});
-        else
-          p_ds_pass(std::false_type{});
-      }
-      __syncthreads();  // every warp's P and dS are in
-
-      // 2. dV += Pᵀ·dO, dK += dSᵀ·Q over this step's BQ queries.
+          }
+          // P and dS of these m-tiles into shared memory, [query][key], 16-bit. Masked tiles take a second copy
+          // of the pass, in which each row's visible keys are one range of the tile (the common tile tests
+          // nothing per element).
+          auto p_ds_pass = [&](auto masked) {
+            constexpr bool Masked = decltype(masked)::value;
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        std::uint32_t pa[KM][4], da[KM][4];
+            for (int mt = 0; mt < MSS; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < KM; ++mt) {
-          const std::uint32_t o = static_cast<std::uint32_t>((kk * 16 * PP + kw0 + mt * 16) * 2);
-          tc::ldmatrix_x4_trans(pa[mt], ps + at_lane + o);
-          tc::ldmatrix_x4_trans(da[mt], dss + at_lane + o);
+              for (int r = 0; r < 2; ++r) {
+                const int rr = qw0 + (m0 + mt) * 16 + g + r * 8;
+                int lo = 0, hi = BK - 1;  // visible keys of the row, tile-local
+                if (Masked) {
+                  long first, last;
+                  mask.visible_range(i0 + rr, first, last);
+                  lo = static_cast<int>(first - k0 < 0 ? 0 : (first - k0 > BK ? BK : first - k0));
+                  hi = static_cast<int>(last - k0 < -1 ? -1 : (last - k0 > BK - 1 ? BK - 1 : last - k0));
+                  if (rr >= rows) hi = -1;
+                }
+#pragma unroll
+                for (int n = 0; n < SN; ++n) {
+                  const int kk0 = sw0 + n * 8 + 2 * t4;
+                  float p[2], d2[2];
+#pragma unroll
+                  for (int e = 0; e < 2; ++e) {
+                    const bool vis = !Masked || (kk0 + e >= lo && kk0 + e <= hi);
+                    float dcap;
+                    p[e] = tc_recompute_p<Softcap>(s[mt][n][2 * r + e], pc, lse2[m0 + mt][r], vis, dcap);
+                    d2[e] = p[e] * (dp[m0 + mt][n][2 * r + e] - ddr[m0 + mt][r]) * dcap;
+                  }
+                  const int off = (rr * PP + kk0) * 2;
+                  *reinterpret_cast<std::uint32_t*>(ps_ptr + off) = cuda16<T>::pack(p[0], p[1]);
+                  *reinterpret_cast<std::uint32_t*>(dss_ptr + off) = cuda16<T>::pack(d2[0], d2[1]);
+                }
+              }
+          };
+          if (masked_tile)
+            p_ds_pass(std::true_type{});
+          else
+            p_ds_pass(std::false_type{});
         }
+        __syncthreads();  // every warp's P and dS are in
+
+        // 2. dV += Pᵀ·dO, dK += dSᵀ·Q over this step's BQ queries.
 #pragma unroll
-        for (int n = 0; n < NB; n += 2) {
-          const std::uint32_t o = static_cast<std::uint32_t>((kk * 16 * P + cw0 + n * 8) * 2);
-          std::uint32_t bo[4], bq[4];
-          tc::ldmatrix_x4_trans(bo, dos + bt_lane + o);
-          tc::ldmatrix_x4_trans(bq, qs + bt_lane + o);
+        for (int kk = 0; kk < BQ / 16; ++kk) {
+          std::uint32_t pa[KM][4], da[KM][4];
 #pragma unroll
           for (int mt = 0; mt < KM; ++mt) {
-            tc::mma<T>(dva[mt][n], pa[mt], bo[0], bo[1]);
-            tc::mma<T>(dva[mt][n + 1], pa[mt], bo[2], bo[3]);
-            tc::mma<T>(dka[mt][n], da[mt], bq[0], bq[1]);
-            tc::mma<T>(dka[mt][n + 1], da[mt], bq[2], bq[3]);
+            const std::uint32_t o = static_cast<std::uint32_t>((kk * 16 * PP + kw0 + mt * 16) * 2);
+            tc::ldmatrix_x4_trans(pa[mt], ps + at_lane + o);
+            tc::ldmatrix_x4_trans(da[mt], dss + at_lane + o);
+          }
+#pragma unroll
+          for (int n = 0; n < NB; n += 2) {
+            const std::uint32_t o = static_cast<std::uint32_t>((kk * 16 * P + cw0 + n * 8) * 2);
+            std::uint32_t bo[4], bq[4];
+            tc::ldmatrix_x4_trans(bo, dos + bt_lane + o);
+            tc::ldmatrix_x4_trans(bq, qs + bt_lane + o);
+#pragma unroll
+            for (int mt = 0; mt < KM; ++mt) {
+              tc::mma<T>(dva[mt][n], pa[mt], bo[0], bo[1]);
+              tc::mma<T>(dva[mt][n + 1], pa[mt], bo[2], bo[3]);
+              tc::mma<T>(dka[mt][n], da[mt], bq[0], bq[1]);
+              tc::mma<T>(dka[mt][n + 1], da[mt], bq[2], bq[3]);
+            }
           }
         }
+        // 3. dQ += dS·K (unscaled), atomically.
+        if constexpr (FuseDq) accumulate_dq(dss, aps_lane, ks, bt_lane, b, hq, i0, rows, warp, lane);
+        __syncthreads();  // every warp is done with this stage and with P, dS before they are refilled
+        if (++qt == n_qt) qt = 0, ++gh;
       }
-      // 3. dQ += dS·K (unscaled), atomically.
-      if constexpr (FuseDq) accumulate_dq(dss, aps_lane, ks, bt_lane, b, hq, i0, rows, warp, lane);
-      __syncthreads();  // every warp is done with this stage and with P, dS before they are refilled
-      if (++qt == n_qt) qt = 0, ++gh;
     }
     tc::cp_async_wait_all();
 

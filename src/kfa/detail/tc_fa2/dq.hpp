@@ -69,8 +69,7 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 16 * MT;                  // this warp's first query row
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
+  const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
 
   const std::uint32_t qs = tc::smem_addr(fa2_dq_smem), dos = qs + BQ * P * 2;
   const std::uint32_t ks0 = dos + BQ * P * 2;  // stage s: K at ks0 + s·2·BK·P·2, V right after it
@@ -78,23 +77,18 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
   const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
   const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
   const long kstride = a.k_s[1], vstride = a.v_s[1];
-
-  const long j_begin = mask.key_begin(i0);
-  const long j_end = mask.key_end(i0 + rows);
   // Loads rolled where threads idle (d = 96: unrolled, that instance spilled 4 B; the same code elsewhere).
-  auto load_kv = [&](long j0, int stage) {
+  auto load_kv = [&](long j0, long j_end, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BK ? j_end - j0 : BK);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
     tc::load_tile_async<D, BK, NT, false>(kd, kbase + j0 * kstride, kstride, cols, tid);
     tc::load_tile_async<D, BK, NT, false>(kd + kv_bytes, vbase + j0 * vstride, vstride, cols, tid);
   };
-  // Group 0: the Q and dO blocks (rows past seq_q are zeros) and the first K/V tile.
+  // The Q and dO blocks (rows past seq_q are zeros), in the group of the first pass's first K/V tile.
   tc::load_tile_async<D, BQ, NT, false>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
                                         a.q_s[1], rows, tid);
   tc::load_tile_async<D, BQ, NT, false>(dos, a.d_o + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
                                         a.do_s[1], rows, tid);
-  if (j_begin < j_end) load_kv(j_begin, 0);
-  tc::cp_async_commit();
 
   // Row r of m-tile mt: r = 0 is row g, r = 1 is row g + 8. lse·log2(e) and D (+inf and 0 past seq_q: P = 0).
   float lse2[MT][2], ddr[MT][2];
@@ -124,95 +118,105 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
   // K as B of dQ += dS·K (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
   const std::uint32_t bt_off = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
+  // One pass per document the block's rows meet (one without documents), the rows' state carried across; each
+  // pass starts its own pipeline (its first tile in the next stage).
   int stage = 0;
-  for (long j0 = j_begin; j0 < j_end; j0 += BK, stage ^= 1) {
-    const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
-    if (j0 + BK < j_end) load_kv(j0 + BK, stage ^ 1);
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    const KeyRule mask = a.mask.rule(doc);
+    const long j_begin = mask.key_begin(i0);
+    const long j_end = mask.key_end(i0 + rows);
+    if (j_begin < j_end) load_kv(j_begin, j_end, stage);
     tc::cp_async_commit();
-    tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q, dO) are in
-    __syncthreads();
-    const std::uint32_t ks = ks0 + stage * stage_bytes, vs = ks + kv_bytes;
+    for (long j0 = j_begin; j0 < j_end; j0 += BK, stage ^= 1) {
+      const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
+      if (j0 + BK < j_end) load_kv(j0 + BK, j_end, stage ^ 1);
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q, dO) are in
+      __syncthreads();
+      const std::uint32_t ks = ks0 + stage * stage_bytes, vs = ks + kv_bytes;
 
-    float s[MT][BK / 8][4], dp[MT][BK / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < BK / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = dp[mt][n][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t qa[MT][4], oa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const std::uint32_t o = a_off + static_cast<std::uint32_t>((mt * 16 * P + kk * 16) * 2);
-        tc::ldmatrix_x4(qa[mt], qs + o);
-        tc::ldmatrix_x4(oa[mt], dos + o);
-      }
-#pragma unroll
-      for (int n = 0; n < BK / 8; n += 2) {
-        const std::uint32_t o = b_off + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2);
-        std::uint32_t bk[4], bv[4];
-        tc::ldmatrix_x4(bk, ks + o);
-        tc::ldmatrix_x4(bv, vs + o);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          tc::mma<T>(s[mt][n], qa[mt], bk[0], bk[1]);
-          tc::mma<T>(s[mt][n + 1], qa[mt], bk[2], bk[3]);
-          tc::mma<T>(dp[mt][n], oa[mt], bv[0], bv[1]);
-          tc::mma<T>(dp[mt][n + 1], oa[mt], bv[2], bv[3]);
-        }
-      }
-    }
-    // dS = P ∘ (dP − D) into s. Masked tiles take a second copy of the pass, in which each row's visible
-    // keys are one range of the tile (the common tile tests nothing per element).
-    auto ds_pass = [&](auto masked) {
-      constexpr bool Masked = decltype(masked)::value;
+      float s[MT][BK / 8][4], dp[MT][BK / 8][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          int lo = 0, hi = BK - 1;  // visible keys of the row, tile-local
-          if (Masked) {
-            long first, last;
-            mask.visible_range(wr0 + mt * 16 + g + r * 8, first, last);
-            lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BK ? BK : first - j0));
-            hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
-          }
+        for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
-          for (int n = 0; n < BK / 8; ++n)
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = dp[mt][n][e] = 0.f;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int jj = n * 8 + 2 * t4 + e;
-              const bool vis = !Masked || (jj >= lo && jj <= hi);
-              float dcap;
-              const float p = tc_recompute_p<Softcap>(s[mt][n][2 * r + e], a.pc, lse2[mt][r], vis, dcap);
-              s[mt][n][2 * r + e] = p * (dp[mt][n][2 * r + e] - ddr[mt][r]) * dcap;
-            }
-        }
-    };
-    if (cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK))
-      ds_pass(std::true_type{});
-    else
-      ds_pass(std::false_type{});
-      // dQ += dS·K
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      std::uint32_t da[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) tc::c_to_a<T>(da[mt], s[mt], kk);
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        std::uint32_t bf[4];
-        tc::ldmatrix_x4_trans(bf, ks + bt_off + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t qa[MT][4], oa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          tc::mma<T>(acc[mt][n], da[mt], bf[0], bf[1]);
-          tc::mma<T>(acc[mt][n + 1], da[mt], bf[2], bf[3]);
+          const std::uint32_t o = a_off + static_cast<std::uint32_t>((mt * 16 * P + kk * 16) * 2);
+          tc::ldmatrix_x4(qa[mt], qs + o);
+          tc::ldmatrix_x4(oa[mt], dos + o);
+        }
+#pragma unroll
+        for (int n = 0; n < BK / 8; n += 2) {
+          const std::uint32_t o = b_off + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2);
+          std::uint32_t bk[4], bv[4];
+          tc::ldmatrix_x4(bk, ks + o);
+          tc::ldmatrix_x4(bv, vs + o);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            tc::mma<T>(s[mt][n], qa[mt], bk[0], bk[1]);
+            tc::mma<T>(s[mt][n + 1], qa[mt], bk[2], bk[3]);
+            tc::mma<T>(dp[mt][n], oa[mt], bv[0], bv[1]);
+            tc::mma<T>(dp[mt][n + 1], oa[mt], bv[2], bv[3]);
+          }
         }
       }
+      // dS = P ∘ (dP − D) into s. Masked tiles take a second copy of the pass, in which each row's visible
+      // keys are one range of the tile (the common tile tests nothing per element).
+      auto ds_pass = [&](auto masked) {
+        constexpr bool Masked = decltype(masked)::value;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            int lo = 0, hi = BK - 1;  // visible keys of the row, tile-local
+            if (Masked) {
+              long first, last;
+              mask.visible_range(wr0 + mt * 16 + g + r * 8, first, last);
+              lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BK ? BK : first - j0));
+              hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
+            }
+#pragma unroll
+            for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int jj = n * 8 + 2 * t4 + e;
+                const bool vis = !Masked || (jj >= lo && jj <= hi);
+                float dcap;
+                const float p = tc_recompute_p<Softcap>(s[mt][n][2 * r + e], a.pc, lse2[mt][r], vis, dcap);
+                s[mt][n][2 * r + e] = p * (dp[mt][n][2 * r + e] - ddr[mt][r]) * dcap;
+              }
+          }
+      };
+      if (cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK))
+        ds_pass(std::true_type{});
+      else
+        ds_pass(std::false_type{});
+        // dQ += dS·K
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        std::uint32_t da[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) tc::c_to_a<T>(da[mt], s[mt], kk);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4_trans(bf, ks + bt_off + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            tc::mma<T>(acc[mt][n], da[mt], bf[0], bf[1]);
+            tc::mma<T>(acc[mt][n + 1], da[mt], bf[2], bf[3]);
+          }
+        }
+      }
+      __syncthreads();  // every warp is done with this stage before the next iteration refills it
     }
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   tc::cp_async_wait_all();
 

@@ -51,26 +51,43 @@ struct Fa2ForwardShape {
 
 #if KFA_TC_DEVICE
 namespace tc {
+/// What a lane of the kernels with one m16 tile per warp masks in one pass (one document's rule, KeyRule): the
+/// keys its rows row0 and row0 + 8 see, and the keys whose tiles need no mask for the block's rows [i0, i0 + rows),
+/// resolved once per pass so that the key loop holds six integers instead of the rule (key positions < 2^31, as
+/// these kernels' plans check).
+struct RowKeys {
+  int first[2], last[2];  // rows row0 and row0 + 8 see the keys [first, last]
+  int lo, hi;             // a tile [j0, j0 + BC) needs no mask iff lo <= j0 and j0 + BC - 1 <= hi
+  RowKeys() = default;
+  __device__ RowKeys(const KeyRule& mask, int i0, int rows, int row0) {
+    long f, l;
+    for (int r = 0; r < 2; ++r) {
+      mask.visible_range(row0 + r * 8, f, l);
+      first[r] = static_cast<int>(f), last[r] = static_cast<int>(l);
+    }
+    mask.unmasked_keys(i0, i0 + rows, f, l);
+    lo = static_cast<int>(f), hi = static_cast<int>(l);
+  }
+};
+
 /// Softcap and mask of one 16-row C tile of raw scores s (keys j0 … j0 + BC − 1, `cols` of them real) for the
-/// kernels with one m16 tile per warp: row0 = this lane's row g (its row g + 8 follows), i0 and rows the
-/// block's query rows. Each step is one block of code that the common tile skips with one branch; masked
-/// scores become −inf. Keys past the last real one are seen by no row, so a row's visible range covers the
-/// tile's padding too.
+/// kernels with one m16 tile per warp, this lane's rows as `rk` says. Each step is one block of code that the
+/// common tile skips with one branch; masked scores become −inf. Keys past the last real one are seen by no row,
+/// so a row's visible range covers the tile's padding too.
 template <int BC, bool Softcap, class Pos>
-__device__ __forceinline__ void softcap_and_mask_rows(float (&s)[BC / 8][4], const KeyMask& mask, int i0, int rows,
-                                                      Pos j0, int cols, int row0, int t4, float cap_in, float cap_out) {
+__device__ __forceinline__ void softcap_and_mask_rows(float (&s)[BC / 8][4], const RowKeys& rk, Pos j0, int cols,
+                                                      int t4, float cap_in, float cap_out) {
   if (Softcap) {
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = cap_out * tanhf(s[n][e] * cap_in);
   }
-  if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
+  if (cols < BC || j0 < rk.lo || static_cast<long>(j0) + BC - 1 > rk.hi) {
     const float ninf = -compat::infinity<float>();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      long first, last;
-      mask.visible_range(row0 + r * 8, first, last);
+      const long first = rk.first[r], last = rk.last[r];
       const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
       const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
 #pragma unroll
@@ -103,7 +120,6 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   const std::uint32_t qs = tc::smem_addr(fa2_smem);
   const std::uint32_t ks0 = qs + BQ * P * 2;  // stage s: K at ks0 + s·2·BC·P·2, V right after it
@@ -116,19 +132,15 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   // Key positions: int or long, whichever leaves the instance without register spills (ptxas, CUDA 13.0,
   // sm_90); int needs seq_k < 2^31 - 256, which the plan checks.
   using Pos = typename std::conditional<Softcap, long, int>::type;
-  const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
-  const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
-  auto load_kv = [&](Pos j0, int stage) {
+  auto load_kv = [&](Pos j0, Pos j_end, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
     tc::load_tile_async<D, BC, NT, false>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
     tc::load_tile_async<D, BC, NT, false>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
   };
-  // Group 0: the Q block (rows past seq_q are zeros) and the first K/V tile.
+  // The Q block (rows past seq_q are zeros), in the group of the first pass's first K/V tile.
   tc::load_tile_async<D, BQ, NT, false>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
                                         a.q_s[1], rows, tid);
-  if (j_begin < j_end) load_kv(j_begin, 0);
-  tc::cp_async_commit();
 
   float acc[MT][D / 8][4];
 #pragma unroll
@@ -157,131 +169,141 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   // V as B of O += P·V (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
   const std::uint32_t v_off = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
+  // One pass per document the block's rows meet (one without documents), the row states carried across; each
+  // pass starts its own pipeline (its first tile in the next stage).
   int stage = 0;
-  for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
-    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
-    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    const KeyRule mask = a.mask.rule(doc);
+    const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
+    const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
+    if (j_begin < j_end) load_kv(j_begin, j_end, stage);
     tc::cp_async_commit();
-    tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q) are in
-    __syncthreads();
-    const std::uint32_t k_lane = ks0 + stage * stage_bytes + k_off;
-    const std::uint32_t v_lane = ks0 + stage * stage_bytes + kv_bytes + v_off;
+    for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+      const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+      if (j0 + BC < j_end) load_kv(j0 + BC, j_end, stage ^ 1);
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q) are in
+      __syncthreads();
+      const std::uint32_t k_lane = ks0 + stage * stage_bytes + k_off;
+      const std::uint32_t v_lane = ks0 + stage * stage_bytes + kv_bytes + v_off;
 
-    float s[MT][BC / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t qa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        tc::ldmatrix_x4(qa[mt], q_lane + static_cast<std::uint32_t>((mt * 16 * P + kk * 16) * 2));
-#pragma unroll
-      for (int n = 0; n < BC / 8; n += 2) {
-        std::uint32_t bf[4];
-        tc::ldmatrix_x4(bf, k_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          tc::mma<T>(s[mt][n], qa[mt], bf[0], bf[1]);
-          tc::mma<T>(s[mt][n + 1], qa[mt], bf[2], bf[3]);
-        }
-      }
-    }
-
-    // Softcap and mask in raw units (x·scale is applied in the exponent), each one block of code that
-    // the common tile skips with one branch; then the online softmax.
-    if (Softcap) {
+      float s[MT][BC / 8][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
+        for (int n = 0; n < BC / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = cap_out * tanhf(s[mt][n][e] * cap_in);
-    }
-    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
-      // Keys past j_end are seen by no row, so the row's visible range covers the tile's padding too.
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t qa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
+          tc::ldmatrix_x4(qa[mt], q_lane + static_cast<std::uint32_t>((mt * 16 * P + kk * 16) * 2));
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          long first, last;
-          mask.visible_range(wr0 + mt * 16 + g + r * 8, first, last);
-          const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
-          const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
+        for (int n = 0; n < BC / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4(bf, k_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
 #pragma unroll
-          for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int jj = n * 8 + 2 * t4 + e;
-              if (jj < lo || jj > hi) s[mt][n][2 * r + e] = ninf;
-            }
-        }
-    }
-    // Per m-tile: the tile's row maxima (natural units). The running maxima move (and l and O are rescaled)
-    // only when a row of the warp's m-tile has a tile maximum more than kStale above its running one;
-    // otherwise p = exp(x − m) with the running m, at most e^kStale = 2^8: the same sums in another rounding,
-    // without the D/8·4 multiplies of the rescale (FlashAttention-4's lazy rescaling).
-    std::uint32_t pa[MT][BC / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      float tmax[2] = {ninf, ninf};
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[mt][n][e]);
-      float tm[2];
-      bool grow = false;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float t = tc::quad_max(tmax[r]);
-        tm[r] = t == ninf ? ninf : t * a.scale;
-        grow |= tm[r] > m[mt][r] + kStale;  // m = −inf: any visible key
-      }
-      if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const MergeFactors<float> f = merge_factors(m[mt][r], tm[r]);
-          m[mt][r] = f.m;
-          l[mt][r] *= f.scale_a;
-#pragma unroll
-          for (int n = 0; n < D / 8; ++n) {
-            acc[mt][n][2 * r] *= f.scale_a;
-            acc[mt][n][2 * r + 1] *= f.scale_a;
+          for (int mt = 0; mt < MT; ++mt) {
+            tc::mma<T>(s[mt][n], qa[mt], bf[0], bf[1]);
+            tc::mma<T>(s[mt][n + 1], qa[mt], bf[2], bf[3]);
           }
         }
       }
-      float mc[2];  // the running maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) mc[r] = m[mt][r] == ninf ? 0.f : m[mt][r] * tc::log2e;
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        const float p0 = tc::exp2_approx(fmaf(s[mt][n][0], c, -mc[0]));
-        const float p1 = tc::exp2_approx(fmaf(s[mt][n][1], c, -mc[0]));
-        const float p2 = tc::exp2_approx(fmaf(s[mt][n][2], c, -mc[1]));
-        const float p3 = tc::exp2_approx(fmaf(s[mt][n][3], c, -mc[1]));
-        l[mt][0] += p0 + p1;
-        l[mt][1] += p2 + p3;
-        pa[mt][n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
-        pa[mt][n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
-      }
-    }
 
+      // Softcap and mask in raw units (x·scale is applied in the exponent), each one block of code that
+      // the common tile skips with one branch; then the online softmax.
+      if (Softcap) {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        std::uint32_t bf[4];
-        tc::ldmatrix_x4_trans(bf, v_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+          for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          tc::mma<T>(acc[mt][n], pa[mt][kk], bf[0], bf[1]);
-          tc::mma<T>(acc[mt][n + 1], pa[mt][kk], bf[2], bf[3]);
+            for (int e = 0; e < 4; ++e) s[mt][n][e] = cap_out * tanhf(s[mt][n][e] * cap_in);
+      }
+      if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, static_cast<long>(j0) + BC)) {
+        // Keys past j_end are seen by no row, so the row's visible range covers the tile's padding too.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            long first, last;
+            mask.visible_range(wr0 + mt * 16 + g + r * 8, first, last);
+            const int lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+            const int hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > BC ? BC : last - j0));
+#pragma unroll
+            for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int jj = n * 8 + 2 * t4 + e;
+                if (jj < lo || jj > hi) s[mt][n][2 * r + e] = ninf;
+              }
+          }
+      }
+      // Per m-tile: the tile's row maxima (natural units). The running maxima move (and l and O are rescaled)
+      // only when a row of the warp's m-tile has a tile maximum more than kStale above its running one;
+      // otherwise p = exp(x − m) with the running m, at most e^kStale = 2^8: the same sums in another rounding,
+      // without the D/8·4 multiplies of the rescale (FlashAttention-4's lazy rescaling).
+      std::uint32_t pa[MT][BC / 16][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        float tmax[2] = {ninf, ninf};
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[mt][n][e]);
+        float tm[2];
+        bool grow = false;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float t = tc::quad_max(tmax[r]);
+          tm[r] = t == ninf ? ninf : t * a.scale;
+          grow |= tm[r] > m[mt][r] + kStale;  // m = −inf: any visible key
+        }
+        if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const MergeFactors<float> f = merge_factors(m[mt][r], tm[r]);
+            m[mt][r] = f.m;
+            l[mt][r] *= f.scale_a;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+              acc[mt][n][2 * r] *= f.scale_a;
+              acc[mt][n][2 * r + 1] *= f.scale_a;
+            }
+          }
+        }
+        float mc[2];  // the running maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) mc[r] = m[mt][r] == ninf ? 0.f : m[mt][r] * tc::log2e;
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n) {
+          const float p0 = tc::exp2_approx(fmaf(s[mt][n][0], c, -mc[0]));
+          const float p1 = tc::exp2_approx(fmaf(s[mt][n][1], c, -mc[0]));
+          const float p2 = tc::exp2_approx(fmaf(s[mt][n][2], c, -mc[1]));
+          const float p3 = tc::exp2_approx(fmaf(s[mt][n][3], c, -mc[1]));
+          l[mt][0] += p0 + p1;
+          l[mt][1] += p2 + p3;
+          pa[mt][n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
+          pa[mt][n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
         }
       }
+
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          std::uint32_t bf[4];
+          tc::ldmatrix_x4_trans(bf, v_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            tc::mma<T>(acc[mt][n], pa[mt][kk], bf[0], bf[1]);
+            tc::mma<T>(acc[mt][n + 1], pa[mt][kk], bf[2], bf[3]);
+          }
+        }
+      }
+      __syncthreads();  // every warp is done with this stage before the next iteration refills it
     }
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   tc::cp_async_wait_all();
 

@@ -129,8 +129,7 @@ struct TcDkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
-    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
-    const int wk0 = k0 + warp * 16;                           // this warp's first key
+    const int wk0 = k0 + warp * 16;  // this warp's first key
 
     // V, K, then stage st at smem + 2·BK·P·2 + st·dkdv_stage: Q tile, dO tile, lse[BQ], D[BQ]; then
     // (FuseDq) dSᵀ [BK][DSP].
@@ -139,10 +138,9 @@ struct TcDkDvKernel {
     constexpr int DSP = Shape::ds_pitch;
     char* ds_smem = smem + 2 * BK * P * 2 + Shape::dkdv_stages * Shape::dkdv_stage;
 
-    const long qb0 = mask.query_begin(k0);
-    const long qb1 = mask.query_end(k0 + keys, seq_q);
-    const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
-    const int steps = n_qt * group;
+    KeyRule mask;  // the pass's: one per document the block's keys meet (one without documents)
+    long qb0 = 0, qb1 = 0;
+    int n_qt = 0;
     const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
     // The steps run over the visible query tiles (fastest) of each query head of the group. A step's
     // place is kept as counters advanced once per step (no divisions in the loop).
@@ -185,18 +183,6 @@ struct TcDkDvKernel {
           dos, reinterpret_cast<const std::uint16_t*>(dobase + c.i * dostride + c.gh * d_o.stride(2)), dostride, c.rows,
           tid);
     };
-    int qt = 0, gh = 0;  // the current step's place (the only loop state besides `step`)
-    if (steps > 0) {
-      tc::load_tile_async<D, BK, 32 * WARPS>(
-          vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
-          static_cast<long>(v.stride(1)), keys, tid);
-      tc::load_tile_async<D, BK, 32 * WARPS>(
-          ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
-          static_cast<long>(k.stride(1)), keys, tid);
-      issue(step_at(0, 0), 0);
-      store_rows(load_rows(step_at(0, 0)), 0);
-    }
-    tc::cp_async_commit();
 
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
@@ -210,151 +196,174 @@ struct TcDkDvKernel {
     const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
     const std::uint32_t a_lane = static_cast<std::uint32_t>(((warp * 16 + (mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
-    for (int step = 0; step < steps; ++step) {
-      const Step cur = step_at(qt, gh);
-      const long i0 = cur.i;
-      const int rows = cur.rows;
-      constexpr bool two = Shape::dkdv_stages == 2;
-      const int st = two ? step & 1 : 0;
-      const bool next = step + 1 < steps;
-      RowPair next_rows{0.f, 0.f};
-      if (two) {
-        if (next) {
-          const Step nxt = after(qt, gh);
-          issue(nxt, st ^ 1);
-          next_rows = load_rows(nxt);
+    // K and V, with the first pass's first step. One pass per document the block's keys meet (one without
+    // documents), dK and dV carried across; each pass starts its own pipeline (every stage is free between them).
+    tc::load_tile_async<D, BK, 32 * WARPS>(
+        vs, reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+        static_cast<long>(v.stride(1)), keys, tid);
+    tc::load_tile_async<D, BK, 32 * WARPS>(
+        ks, reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+        static_cast<long>(k.stride(1)), keys, tid);
+    constexpr bool two = Shape::dkdv_stages == 2;
+    const DocumentSpan span = this->mask.documents_of_keys(k0, k0 + keys);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      mask = this->mask.rule(doc);
+      qb0 = mask.query_begin(k0);
+      qb1 = mask.query_end(k0 + keys, seq_q);
+      n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+      const int steps = n_qt * group;
+      if (steps == 0) continue;
+      issue(step_at(0, 0), 0);
+      store_rows(load_rows(step_at(0, 0)), 0);
+      tc::cp_async_commit();
+      int qt = 0, gh = 0;  // the current step's place (the only loop state besides `step`)
+      for (int step = 0; step < steps; ++step) {
+        const Step cur = step_at(qt, gh);
+        const long i0 = cur.i;
+        const int rows = cur.rows;
+        const int st = two ? step & 1 : 0;
+        const bool next = step + 1 < steps;
+        RowPair next_rows{0.f, 0.f};
+        if (two) {
+          if (next) {
+            const Step nxt = after(qt, gh);
+            issue(nxt, st ^ 1);
+            next_rows = load_rows(nxt);
+          }
+          tc::cp_async_commit();
+          tc::cp_async_wait_1();  // all but the group just issued
+        } else {
+          tc::cp_async_wait_all();
         }
-        tc::cp_async_commit();
-        tc::cp_async_wait_1();  // all but the group just issued
-      } else {
-        tc::cp_async_wait_all();
-      }
-      __syncthreads();  // this step's Q, dO (and V) tiles, lse and D are in
-      char* sp = stage_at(st);
-      const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
-      const float* lse_s = reinterpret_cast<const float*>(sp + 2 * BQ * P * 2);
-      const float* dd_s = lse_s + BQ;
+        __syncthreads();  // this step's Q, dO (and V) tiles, lse and D are in
+        char* sp = stage_at(st);
+        const std::uint32_t qs = tc::smem_addr(sp), dos = qs + BQ * P * 2;
+        const float* lse_s = reinterpret_cast<const float*>(sp + 2 * BQ * P * 2);
+        const float* dd_s = lse_s + BQ;
 
-      // Sᵀ[key][query] = K·Qᵀ
-      float s[BQ / 8][4];
+        // Sᵀ[key][query] = K·Qᵀ
+        float s[BQ / 8][4];
 #pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t ka[4];  // K rows of this warp as A, from shared memory (rows past seq_k are zeros)
-        tc::ldmatrix_x4(ka, ks + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
-#pragma unroll
-        for (int n = 0; n < BQ / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4(bf, qs + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
-          tc::mma<T>(s[n], ka, bf[0], bf[1]);
-          tc::mma<T>(s[n + 1], ka, bf[2], bf[3]);
-        }
-      }
-      float dcap[BQ / 8][4];
-      // Masked tiles take a second copy of the pass, in which each key's visible queries are one range of
-      // the tile (the common tile tests nothing per element).
-      auto p_pass = [&](auto masked) {
-        constexpr bool Masked = decltype(masked)::value;
-        int lo[2] = {0, 0}, hi[2] = {BQ - 1, BQ - 1};  // visible queries of keys g and g + 8, tile-local
-        if (Masked) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const long j = wk0 + g + h * 8;
-            const long first = mask.query_begin(j) - i0, last = mask.query_end(j + 1, seq_q) - 1 - i0;
-            lo[h] = static_cast<int>(first < 0 ? 0 : (first > BQ ? BQ : first));
-            hi[h] = static_cast<int>(j >= seq_k || last < 0 ? -1 : (last > rows - 1 ? rows - 1 : last));
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < BQ / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int qq = n * 8 + 2 * t4 + (e & 1);
-            const bool vis = !Masked || (qq >= lo[e >> 1] && qq <= hi[e >> 1]);
-            s[n][e] = tc_recompute_p<Softcap, D == 64>(s[n][e], pc, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
-          }
-      };
-      if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
-        p_pass(std::true_type{});
-      else
-        p_pass(std::false_type{});
-        // dV += Pᵀ·dO
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        std::uint32_t pa[4];
-        tc::c_to_a<T>(pa, s, kk);
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4_trans(bf, dos + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
-          tc::mma<T>(dva[n], pa, bf[0], bf[1]);
-          tc::mma<T>(dva[n + 1], pa, bf[2], bf[3]);
-        }
-      }
-      // dPᵀ[key][query] = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap' and dK += dSᵀ·Q, in DPH parts
-      // of the step's query rows (d = 128: two, so that dPᵀ takes 8 registers next to dK and dV's 128, Pᵀ and
-      // the softcap factors; V's fragments are then read once per part. In one part the softcap instances spilled
-      // 4 B: ptxas, CUDA 13.0, sm_90).
-      constexpr int DPH = D == 128 ? BQ / 16 : 1, DPN = BQ / 8 / DPH;  // parts, n-tiles per part
-#pragma unroll
-      for (int h = 0; h < DPH; ++h) {
-        float dp[DPN][4];
-#pragma unroll
-        for (int n = 0; n < DPN; ++n) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+        for (int n = 0; n < BQ / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          std::uint32_t va[4];
-          tc::ldmatrix_x4(va, vs + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
+          std::uint32_t ka[4];  // K rows of this warp as A, from shared memory (rows past seq_k are zeros)
+          tc::ldmatrix_x4(ka, ks + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
 #pragma unroll
-          for (int n = 0; n < DPN; n += 2) {
+          for (int n = 0; n < BQ / 8; n += 2) {
             std::uint32_t bf[4];
-            tc::ldmatrix_x4(bf, dos + b_lane + static_cast<std::uint32_t>(((h * DPN + n) * 8 * P + kk * 16) * 2));
-            tc::mma<T>(dp[n], va, bf[0], bf[1]);
-            tc::mma<T>(dp[n + 1], va, bf[2], bf[3]);
+            tc::ldmatrix_x4(bf, qs + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+            tc::mma<T>(s[n], ka, bf[0], bf[1]);
+            tc::mma<T>(s[n + 1], ka, bf[2], bf[3]);
           }
         }
+        float dcap[BQ / 8][4];
+        // Masked tiles take a second copy of the pass, in which each key's visible queries are one range of
+        // the tile (the common tile tests nothing per element).
+        auto p_pass = [&](auto masked) {
+          constexpr bool Masked = decltype(masked)::value;
+          int lo[2] = {0, 0}, hi[2] = {BQ - 1, BQ - 1};  // visible queries of keys g and g + 8, tile-local
+          if (Masked) {
 #pragma unroll
-        for (int n = 0; n < DPN; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int m = h * DPN + n;
-            s[m][e] = s[m][e] * (dp[n][e] - dd_s[m * 8 + 2 * t4 + (e & 1)]) * dcap[m][e];
+            for (int h = 0; h < 2; ++h) {
+              const long j = wk0 + g + h * 8;
+              long first, last;  // the queries that see key j, tile-local
+              mask.seen_by(j, seq_q, first, last);
+              first -= i0, last -= i0;
+              lo[h] = static_cast<int>(first < 0 ? 0 : (first > BQ ? BQ : first));
+              hi[h] = static_cast<int>(j >= seq_k || last < 0 ? -1 : (last > rows - 1 ? rows - 1 : last));
+            }
           }
 #pragma unroll
-        for (int kk = h * DPN / 2; kk < (h + 1) * DPN / 2; ++kk) {
-          std::uint32_t da[4];
-          tc::c_to_a<T>(da, s, kk);
-          if (FuseDq) {  // dSᵀ rows of this warp's keys, for dQ below (columns kk·16 … kk·16 + 15)
-            std::uint32_t* r0 =
-                reinterpret_cast<std::uint32_t*>(ds_smem + ((warp * 16 + g) * DSP + kk * 16 + 2 * t4) * 2);
-            std::uint32_t* r1 = r0 + 8 * DSP / 2;
-            r0[0] = da[0], r1[0] = da[1], r0[4] = da[2], r1[4] = da[3];
-          }
+          for (int n = 0; n < BQ / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int qq = n * 8 + 2 * t4 + (e & 1);
+              const bool vis = !Masked || (qq >= lo[e >> 1] && qq <= hi[e >> 1]);
+              s[n][e] = tc_recompute_p<Softcap, D == 64>(s[n][e], pc, lse_s[qq], vis, dcap[n][e]);  // now Pᵀ
+            }
+        };
+        if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
+          p_pass(std::true_type{});
+        else
+          p_pass(std::false_type{});
+          // dV += Pᵀ·dO
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk) {
+          std::uint32_t pa[4];
+          tc::c_to_a<T>(pa, s, kk);
 #pragma unroll
           for (int n = 0; n < D / 8; n += 2) {
             std::uint32_t bf[4];
-            tc::ldmatrix_x4_trans(bf, qs + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
-            tc::mma<T>(dka[n], da, bf[0], bf[1]);
-            tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
+            tc::ldmatrix_x4_trans(bf, dos + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+            tc::mma<T>(dva[n], pa, bf[0], bf[1]);
+            tc::mma<T>(dva[n + 1], pa, bf[2], bf[3]);
           }
         }
+        // dPᵀ[key][query] = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap' and dK += dSᵀ·Q, in DPH parts
+        // of the step's query rows (d = 128: two, so that dPᵀ takes 8 registers next to dK and dV's 128, Pᵀ and
+        // the softcap factors; V's fragments are then read once per part. In one part the softcap instances spilled
+        // 4 B: ptxas, CUDA 13.0, sm_90).
+        constexpr int DPH = D == 128 ? BQ / 16 : 1, DPN = BQ / 8 / DPH;  // parts, n-tiles per part
+#pragma unroll
+        for (int h = 0; h < DPH; ++h) {
+          float dp[DPN][4];
+#pragma unroll
+          for (int n = 0; n < DPN; ++n) dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            std::uint32_t va[4];
+            tc::ldmatrix_x4(va, vs + a_lane + static_cast<std::uint32_t>(kk * 16 * 2));
+#pragma unroll
+            for (int n = 0; n < DPN; n += 2) {
+              std::uint32_t bf[4];
+              tc::ldmatrix_x4(bf, dos + b_lane + static_cast<std::uint32_t>(((h * DPN + n) * 8 * P + kk * 16) * 2));
+              tc::mma<T>(dp[n], va, bf[0], bf[1]);
+              tc::mma<T>(dp[n + 1], va, bf[2], bf[3]);
+            }
+          }
+#pragma unroll
+          for (int n = 0; n < DPN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int m = h * DPN + n;
+              s[m][e] = s[m][e] * (dp[n][e] - dd_s[m * 8 + 2 * t4 + (e & 1)]) * dcap[m][e];
+            }
+#pragma unroll
+          for (int kk = h * DPN / 2; kk < (h + 1) * DPN / 2; ++kk) {
+            std::uint32_t da[4];
+            tc::c_to_a<T>(da, s, kk);
+            if (FuseDq) {  // dSᵀ rows of this warp's keys, for dQ below (columns kk·16 … kk·16 + 15)
+              std::uint32_t* r0 =
+                  reinterpret_cast<std::uint32_t*>(ds_smem + ((warp * 16 + g) * DSP + kk * 16 + 2 * t4) * 2);
+              std::uint32_t* r1 = r0 + 8 * DSP / 2;
+              r0[0] = da[0], r1[0] = da[1], r0[4] = da[2], r1[4] = da[3];
+            }
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 2) {
+              std::uint32_t bf[4];
+              tc::ldmatrix_x4_trans(bf, qs + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+              tc::mma<T>(dka[n], da, bf[0], bf[1]);
+              tc::mma<T>(dka[n + 1], da, bf[2], bf[3]);
+            }
+          }
+        }
+        // With FuseDq, before its dQ products: the two registers are free for them (d = 128 spilled otherwise).
+        if (FuseDq && two && next) store_rows(next_rows, st ^ 1);
+        if constexpr (FuseDq) {
+          __syncthreads();  // every warp's dSᵀ rows are in
+          accumulate_dq(ds_smem, ks, b, hk * group + gh, i0, rows, warp, lane);
+        }
+        if (!FuseDq && two && next) store_rows(next_rows, st ^ 1);
+        __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's lse, D are in
+        if (!two && next) {
+          const Step nxt = after(qt, gh);
+          issue(nxt, 0);
+          tc::cp_async_commit();
+          store_rows(load_rows(nxt), 0);  // seen after the barrier that starts step + 1
+        }
+        if (++qt == n_qt) qt = 0, ++gh;
       }
-      // With FuseDq, before its dQ products: the two registers are free for them (d = 128 spilled otherwise).
-      if (FuseDq && two && next) store_rows(next_rows, st ^ 1);
-      if constexpr (FuseDq) {
-        __syncthreads();  // every warp's dSᵀ rows are in
-        accumulate_dq(ds_smem, ks, b, hk * group + gh, i0, rows, warp, lane);
-      }
-      if (!FuseDq && two && next) store_rows(next_rows, st ^ 1);
-      __syncthreads();  // every warp is done with this stage before it is refilled; step + 1's lse, D are in
-      if (!two && next) {
-        const Step nxt = after(qt, gh);
-        issue(nxt, 0);
-        tc::cp_async_commit();
-        store_rows(load_rows(nxt), 0);  // seen after the barrier that starts step + 1
-      }
-      if (++qt == n_qt) qt = 0, ++gh;
     }
     tc::cp_async_wait_all();
 
@@ -485,7 +494,6 @@ struct TcDqKernel {
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
     const int wr0 = i0 + warp * 16;
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
@@ -495,16 +503,12 @@ struct TcDqKernel {
     const std::uint16_t* vbase = reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + hk * v.stride(2));
     const long kstride = static_cast<long>(k.stride(1)), vstride = static_cast<long>(v.stride(1));
 
-    const long j_begin = mask.key_begin(i0);
-    const long j_end = mask.key_end(i0 + rows);
-    auto issue = [&](long j0, int st) {
+    auto issue = [&](long j0, long j_end, int st) {
       const int cols = static_cast<int>(j_end - j0 < BK ? j_end - j0 : BK);
       const std::uint32_t ks = ks0 + st * static_cast<std::uint32_t>(Shape::dq_stage);
       tc::load_tile_async<D, BK, 32 * WARPS>(ks, kbase + j0 * kstride, kstride, cols, tid);
       tc::load_tile_async<D, BK, 32 * WARPS>(ks + BK * P * 2, vbase + j0 * vstride, vstride, cols, tid);
     };
-    if (j_begin < j_end) issue(j_begin, 0);
-    tc::cp_async_commit();
 
     const int r0 = wr0 + g, r1 = wr0 + g + 8;
     std::uint32_t qa[D / 16][4], oa[D / 16][4];
@@ -523,74 +527,84 @@ struct TcDqKernel {
     const std::uint32_t b_lane = static_cast<std::uint32_t>((((mi >> 1) * 8 + mr) * P + (mi & 1) * 8) * 2);
     const std::uint32_t bt_lane = static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
+    // One pass per document the block's rows meet (one without documents), dQ carried across; each pass starts
+    // its own pipeline (its first tile in the next stage).
     int st = 0;
-    for (long j0 = j_begin; j0 < j_end; j0 += BK, st ^= 1) {
-      const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
-      if (j0 + BK < j_end) issue(j0 + BK, st ^ 1);
+    const DocumentSpan span = this->mask.documents_of_rows(i0, i0 + rows);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      const KeyRule mask = this->mask.rule(doc);
+      const long j_begin = mask.key_begin(i0);
+      const long j_end = mask.key_end(i0 + rows);
+      if (j_begin < j_end) issue(j_begin, j_end, st);
       tc::cp_async_commit();
-      tc::cp_async_wait_1();  // all but the group just issued
-      __syncthreads();        // K_j, V_j are in
-      const std::uint32_t ks = ks0 + st * static_cast<std::uint32_t>(Shape::dq_stage), vs = ks + BK * P * 2;
-      float s[BK / 8][4], dp[BK / 8][4];
-#pragma unroll
-      for (int n = 0; n < BK / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-        for (int n = 0; n < BK / 8; n += 2) {
-          std::uint32_t bk[4], bv[4];
-          tc::ldmatrix_x4(bk, ks + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
-          tc::ldmatrix_x4(bv, vs + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
-          tc::mma<T>(s[n], qa[kk], bk[0], bk[1]);
-          tc::mma<T>(s[n + 1], qa[kk], bk[2], bk[3]);
-          tc::mma<T>(dp[n], oa[kk], bv[0], bv[1]);
-          tc::mma<T>(dp[n + 1], oa[kk], bv[2], bv[3]);
-        }
-      // Masked tiles take a second copy of the pass, in which each row's visible keys are one range of
-      // the tile (the common tile tests nothing per element).
-      auto ds_pass = [&](auto masked) {
-        constexpr bool Masked = decltype(masked)::value;
-        int lo[2] = {0, 0}, hi[2] = {BK - 1, BK - 1};  // visible keys of rows g and g + 8, tile-local
-        if (Masked) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            long first, last;
-            mask.visible_range(wr0 + g + h * 8, first, last);
-            lo[h] = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BK ? BK : first - j0));
-            hi[h] = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
-          }
-        }
+      for (long j0 = j_begin; j0 < j_end; j0 += BK, st ^= 1) {
+        const int cols = (j_end - j0) < BK ? static_cast<int>(j_end - j0) : BK;
+        if (j0 + BK < j_end) issue(j0 + BK, j_end, st ^ 1);
+        tc::cp_async_commit();
+        tc::cp_async_wait_1();  // all but the group just issued
+        __syncthreads();        // K_j, V_j are in
+        const std::uint32_t ks = ks0 + st * static_cast<std::uint32_t>(Shape::dq_stage), vs = ks + BK * P * 2;
+        float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll
         for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int jj = n * 8 + 2 * t4 + (e & 1);
-            const bool vis = !Masked || (jj >= lo[e >> 1] && jj <= hi[e >> 1]);
-            float dcap;
-            const float p = tc_recompute_p<Softcap>(s[n][e], pc, lse_r[e >> 1], vis, dcap);
-            s[n][e] = p * (dp[n][e] - dd_r[e >> 1]) * dcap;  // dS
+          for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+          for (int n = 0; n < BK / 8; n += 2) {
+            std::uint32_t bk[4], bv[4];
+            tc::ldmatrix_x4(bk, ks + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+            tc::ldmatrix_x4(bv, vs + b_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+            tc::mma<T>(s[n], qa[kk], bk[0], bk[1]);
+            tc::mma<T>(s[n + 1], qa[kk], bk[2], bk[3]);
+            tc::mma<T>(dp[n], oa[kk], bv[0], bv[1]);
+            tc::mma<T>(dp[n + 1], oa[kk], bv[2], bv[3]);
           }
-      };
-      if (cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK))
-        ds_pass(std::true_type{});
-      else
-        ds_pass(std::false_type{});
-        // dQ += dS·K
+        // Masked tiles take a second copy of the pass, in which each row's visible keys are one range of
+        // the tile (the common tile tests nothing per element).
+        auto ds_pass = [&](auto masked) {
+          constexpr bool Masked = decltype(masked)::value;
+          int lo[2] = {0, 0}, hi[2] = {BK - 1, BK - 1};  // visible keys of rows g and g + 8, tile-local
+          if (Masked) {
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        std::uint32_t da[4];
-        tc::c_to_a<T>(da, s, kk);
+            for (int h = 0; h < 2; ++h) {
+              long first, last;
+              mask.visible_range(wr0 + g + h * 8, first, last);
+              lo[h] = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BK ? BK : first - j0));
+              hi[h] = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
+            }
+          }
 #pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4_trans(bf, ks + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
-          tc::mma<T>(dqa[n], da, bf[0], bf[1]);
-          tc::mma<T>(dqa[n + 1], da, bf[2], bf[3]);
+          for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int jj = n * 8 + 2 * t4 + (e & 1);
+              const bool vis = !Masked || (jj >= lo[e >> 1] && jj <= hi[e >> 1]);
+              float dcap;
+              const float p = tc_recompute_p<Softcap>(s[n][e], pc, lse_r[e >> 1], vis, dcap);
+              s[n][e] = p * (dp[n][e] - dd_r[e >> 1]) * dcap;  // dS
+            }
+        };
+        if (cols < BK || !mask.all_visible(i0, i0 + rows, j0, j0 + BK))
+          ds_pass(std::true_type{});
+        else
+          ds_pass(std::false_type{});
+          // dQ += dS·K
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          std::uint32_t da[4];
+          tc::c_to_a<T>(da, s, kk);
+#pragma unroll
+          for (int n = 0; n < D / 8; n += 2) {
+            std::uint32_t bf[4];
+            tc::ldmatrix_x4_trans(bf, ks + bt_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+            tc::mma<T>(dqa[n], da, bf[0], bf[1]);
+            tc::mma<T>(dqa[n + 1], da, bf[2], bf[3]);
+          }
         }
+        __syncthreads();  // every warp is done with this stage before tile j + 2 refills it
       }
-      __syncthreads();  // every warp is done with this stage before tile j + 2 refills it
     }
     tc::cp_async_wait_all();
     tc::store_c_rows<D, T>(dqa, scale, scale, r0 < seq_q ? &dq(b, r0, h, 0) : nullptr,

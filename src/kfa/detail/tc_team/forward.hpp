@@ -76,8 +76,7 @@ struct TcForwardKernel {
     const int g = lane >> 2, t4 = lane & 3;
     const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-    const KeyMask mask = this->mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
-    const int wr0 = i0 + warp * 16;                           // this warp's first query row
+    const int wr0 = i0 + warp * 16;  // this warp's first query row
     const float ninf = -compat::infinity<float>();
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::scratch_l0)));
@@ -87,13 +86,6 @@ struct TcForwardKernel {
     const std::uint16_t* kbase = reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + hk * k.stride(2));
     const std::uint16_t* vbase = reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + hk * v.stride(2));
     const long kstride = static_cast<long>(k.stride(1)), vstride = static_cast<long>(v.stride(1));
-
-    const long j_begin = mask.key_begin(i0);
-    const long j_end = mask.key_end(i0 + rows);
-    if (j_begin < j_end)
-      tc::load_tile_async<D, BC, 32 * WARPS>(ks, kbase + j_begin * kstride, kstride,
-                                             static_cast<int>(j_end - j_begin < BC ? j_end - j_begin : BC), tid);
-    tc::cp_async_commit();
 
     // Q A fragments (rows g and g + 8 of the warp); rows past seq_q are zero.
     std::uint32_t qa[D / 16][4];
@@ -113,84 +105,95 @@ struct TcForwardKernel {
     // V as B of O += P·V (transposed): matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8)
     const std::uint32_t v_lane = vs + static_cast<std::uint32_t>((((mi & 1) * 8 + mr) * P + (mi >> 1) * 8) * 2);
 
-    for (long j0 = j_begin; j0 < j_end; j0 += BC) {
-      const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
-      tc::cp_async_wait_all();
-      __syncthreads();  // K_j is in; every warp is done with V_{j-1}
-      tc::load_tile_async<D, BC, 32 * WARPS>(vs, vbase + j0 * vstride, vstride, cols, tid);
+    // One pass per document the block's rows meet (one without documents), the row states carried across.
+    const DocumentSpan span = this->mask.documents_of_rows(i0, i0 + rows);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      const KeyRule mask = this->mask.rule(doc);
+      const long j_begin = mask.key_begin(i0);
+      const long j_end = mask.key_end(i0 + rows);
+      if (j_begin < j_end)
+        tc::load_tile_async<D, BC, 32 * WARPS>(ks, kbase + j_begin * kstride, kstride,
+                                               static_cast<int>(j_end - j_begin < BC ? j_end - j_begin : BC), tid);
       tc::cp_async_commit();
+      for (long j0 = j_begin; j0 < j_end; j0 += BC) {
+        const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+        tc::cp_async_wait_all();
+        __syncthreads();  // K_j is in; every warp is done with V_{j-1}
+        tc::load_tile_async<D, BC, 32 * WARPS>(vs, vbase + j0 * vstride, vstride, cols, tid);
+        tc::cp_async_commit();
 
-      float s[BC / 8][4];
+        float s[BC / 8][4];
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int n = 0; n < BC / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4(bf, k_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
-          tc::mma<T>(s[n], qa[kk], bf[0], bf[1]);
-          tc::mma<T>(s[n + 1], qa[kk], bf[2], bf[3]);
-        }
-      }
-
-      // Scale, softcap, mask, then the online softmax of this lane's two rows.
-      const bool need_mask = cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC);
-      float tmax[2] = {ninf, ninf};
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[n][e] * scale;
-          if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-          if (need_mask) {
-            const int jj = n * 8 + 2 * t4 + (e & 1);
-            if (!(jj < cols && mask.visible(wr0 + g + (e >> 1) * 8, j0 + jj))) x = ninf;
+          for (int n = 0; n < BC / 8; n += 2) {
+            std::uint32_t bf[4];
+            tc::ldmatrix_x4(bf, k_lane + static_cast<std::uint32_t>((n * 8 * P + kk * 16) * 2));
+            tc::mma<T>(s[n], qa[kk], bf[0], bf[1]);
+            tc::mma<T>(s[n + 1], qa[kk], bf[2], bf[3]);
           }
-          s[n][e] = x;
-          tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
         }
-      float mexp[2];
+
+        // Scale, softcap, mask, then the online softmax of this lane's two rows.
+        const bool need_mask = cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC);
+        float tmax[2] = {ninf, ninf};
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const MergeFactors<float> f = merge_factors(m[r], tc::quad_max(tmax[r]));
-        m[r] = f.m;
-        mexp[r] = f.m == ninf ? 0.f : f.m;  // a row with no visible key yet: exp(−inf) = 0, never NaN
-        l[r] *= f.scale_a;
+        for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          acc[n][2 * r] *= f.scale_a;
-          acc[n][2 * r + 1] *= f.scale_a;
+          for (int e = 0; e < 4; ++e) {
+            float x = s[n][e] * scale;
+            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+            if (need_mask) {
+              const int jj = n * 8 + 2 * t4 + (e & 1);
+              if (!(jj < cols && mask.visible(wr0 + g + (e >> 1) * 8, j0 + jj))) x = ninf;
+            }
+            s[n][e] = x;
+            tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+          }
+        float mexp[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const MergeFactors<float> f = merge_factors(m[r], tc::quad_max(tmax[r]));
+          m[r] = f.m;
+          mexp[r] = f.m == ninf ? 0.f : f.m;  // a row with no visible key yet: exp(−inf) = 0, never NaN
+          l[r] *= f.scale_a;
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            acc[n][2 * r] *= f.scale_a;
+            acc[n][2 * r + 1] *= f.scale_a;
+          }
         }
-      }
-      std::uint32_t pa[BC / 16][4];
+        std::uint32_t pa[BC / 16][4];
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        const float p0 = __expf(s[n][0] - mexp[0]), p1 = __expf(s[n][1] - mexp[0]);
-        const float p2 = __expf(s[n][2] - mexp[1]), p3 = __expf(s[n][3] - mexp[1]);
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
-        pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
-        pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
-      }
+        for (int n = 0; n < BC / 8; ++n) {
+          const float p0 = __expf(s[n][0] - mexp[0]), p1 = __expf(s[n][1] - mexp[0]);
+          const float p2 = __expf(s[n][2] - mexp[1]), p3 = __expf(s[n][3] - mexp[1]);
+          l[0] += p0 + p1;
+          l[1] += p2 + p3;
+          pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
+          pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
+        }
 
-      tc::cp_async_wait_all();
-      __syncthreads();  // V_j is in; every warp is done with K_j
-      if (j0 + BC < j_end) {
-        const long jn = j0 + BC;
-        tc::load_tile_async<D, BC, 32 * WARPS>(ks, kbase + jn * kstride, kstride,
-                                               static_cast<int>(j_end - jn < BC ? j_end - jn : BC), tid);
-      }
-      tc::cp_async_commit();
+        tc::cp_async_wait_all();
+        __syncthreads();  // V_j is in; every warp is done with K_j
+        if (j0 + BC < j_end) {
+          const long jn = j0 + BC;
+          tc::load_tile_async<D, BC, 32 * WARPS>(ks, kbase + jn * kstride, kstride,
+                                                 static_cast<int>(j_end - jn < BC ? j_end - jn : BC), tid);
+        }
+        tc::cp_async_commit();
 
 #pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
+        for (int kk = 0; kk < BC / 16; ++kk) {
 #pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-          std::uint32_t bf[4];
-          tc::ldmatrix_x4_trans(bf, v_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
-          tc::mma<T>(acc[n], pa[kk], bf[0], bf[1]);
-          tc::mma<T>(acc[n + 1], pa[kk], bf[2], bf[3]);
+          for (int n = 0; n < D / 8; n += 2) {
+            std::uint32_t bf[4];
+            tc::ldmatrix_x4_trans(bf, v_lane + static_cast<std::uint32_t>((kk * 16 * P + n * 8) * 2));
+            tc::mma<T>(acc[n], pa[kk], bf[0], bf[1]);
+            tc::mma<T>(acc[n + 1], pa[kk], bf[2], bf[3]);
+          }
         }
       }
     }

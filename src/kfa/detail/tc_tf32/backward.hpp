@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
   const int b = lr / (a.n_kblocks * a.heads_kv);
   const int k0 = kb * BK;
   const int keys = (a.seq_k - k0) < BK ? (a.seq_k - k0) : BK;
-  const KeyMask mask = a.mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
   // K, V, two stages of (Q, dO), then Pᵀ·softcap' per pair in C-fragment order.
   const std::uint32_t ks = tc::smem_addr(tf32_dkdv_smem), vs = ks + BK * P * 4, stage0 = vs + BK * P * 4;
@@ -116,10 +115,9 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
                                                                    2 * stride, valid, tid);
   };
 
-  const long qb0 = mask.query_begin(k0);
-  const long qb1 = mask.query_end(k0 + keys, a.seq_q);
-  const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
-  const int steps = n_qt * a.group;
+  KeyRule mask;  // the pass's: one per document the block's keys meet (one without documents)
+  long qb0 = 0, qb1 = 0;
+  int n_qt = 0;
   // Steps run over the visible query tiles (fastest) of each query head of the group. The tile's addresses
   // come from the arguments each time (kept in registers across the loop, they spilled).
   auto issue = [&](int qt, int gh, int st) {
@@ -132,16 +130,6 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
     load_rows(std::integral_constant<int, BQ>{}, qd + BQ * P * 4,
               reinterpret_cast<const float*>(a.d_o) + b * a.do_s[0] + i * a.do_s[1] + hq * a.do_s[2], a.do_s[1], rows);
   };
-  if (steps > 0) {
-    load_rows(std::integral_constant<int, BK>{}, ks,
-              reinterpret_cast<const float*>(a.k) + b * a.k_s[0] + static_cast<long>(k0) * a.k_s[1] + hk * a.k_s[2],
-              a.k_s[1], keys);
-    load_rows(std::integral_constant<int, BK>{}, vs,
-              reinterpret_cast<const float*>(a.v) + b * a.v_s[0] + static_cast<long>(k0) * a.v_s[1] + hk * a.v_s[2],
-              a.v_s[1], keys);
-    issue(0, 0, 0);
-  }
-  tc::cp_async_commit();
 
   float acc[D / 8][4];  // dV (role 0) or dK (role 1), unscaled
 #pragma unroll
@@ -159,84 +147,104 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
   const int r_off = (role == 0 ? BQ * P : 0) + 2 * t4 * P + 4 * g;
   const long kj = k0 + kw * 16 + g;  // this lane's keys kj and kj + 8
 
-  int qt = 0, gh = 0;
-  for (int step = 0; step < steps; ++step) {
-    const long i0 = qb0 + static_cast<long>(qt) * BQ;
-    const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
-    const int hq = hk * a.group + gh;
-    const int st = step & 1;
-    if (step + 1 < steps) {
-      if (qt + 1 < n_qt)
-        issue(qt + 1, gh, st ^ 1);
-      else
-        issue(0, gh + 1, st ^ 1);
-    }
+  // K and V, with the first pass's first step. One pass per document the block's keys meet (one without
+  // documents), dK and dV carried across; each pass starts its own pipeline (every stage is free between them).
+  load_rows(std::integral_constant<int, BK>{}, ks,
+            reinterpret_cast<const float*>(a.k) + b * a.k_s[0] + static_cast<long>(k0) * a.k_s[1] + hk * a.k_s[2],
+            a.k_s[1], keys);
+  load_rows(std::integral_constant<int, BK>{}, vs,
+            reinterpret_cast<const float*>(a.v) + b * a.v_s[0] + static_cast<long>(k0) * a.v_s[1] + hk * a.v_s[2],
+            a.v_s[1], keys);
+  const DocumentSpan span = a.mask.documents_of_keys(k0, k0 + keys);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    mask = a.mask.rule(doc);
+    qb0 = mask.query_begin(k0);
+    qb1 = mask.query_end(k0 + keys, a.seq_q);
+    n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+    const int steps = n_qt * a.group;
+    if (steps == 0) continue;
+    issue(0, 0, 0);
     tc::cp_async_commit();
-    tc::cp_async_wait_1();  // all but the group just issued
-    __syncthreads();        // this step's Q and dO (and K, V) are in
-    const std::uint32_t qs = stage0 + st * stage_bytes;
+    int qt = 0, gh = 0;
+    for (int step = 0; step < steps; ++step) {
+      const long i0 = qb0 + static_cast<long>(qt) * BQ;
+      const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
+      const int hq = hk * a.group + gh;
+      const int st = step & 1;
+      if (step + 1 < steps) {
+        if (qt + 1 < n_qt)
+          issue(qt + 1, gh, st ^ 1);
+        else
+          issue(0, gh + 1, st ^ 1);
+      }
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // all but the group just issued
+      __syncthreads();        // this step's Q and dO (and K, V) are in
+      const std::uint32_t qs = stage0 + st * stage_bytes;
 
-    // 1. Sᵀ = K·Qᵀ (role 0) or dPᵀ = V·dOᵀ (role 1), the pair's 16 keys × BQ queries.
-    float c[NQ][4];
+      // 1. Sᵀ = K·Qᵀ (role 0) or dPᵀ = V·dOᵀ (role 1), the pair's 16 keys × BQ queries.
+      float c[NQ][4];
 #pragma unroll
-    for (int n = 0; n < NQ; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
-    tc::scores_3xtf32<D, NQ, P>(c, a_lane, qs + b_off);
+      for (int n = 0; n < NQ; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+      tc::scores_3xtf32<D, NQ, P>(c, a_lane, qs + b_off);
 
-    // 2. Role 0: Pᵀ into c, Pᵀ·softcap' to the pair's buffer. Element (key kj + 8r, query i0 + n·8 + 2t + e).
-    //    Masked steps take a second copy of the pass (the common step tests nothing per element).
-    if (role == 0) {
-      auto pass = [&](auto masked) {
-        constexpr bool Masked = decltype(masked)::value;
+      // 2. Role 0: Pᵀ into c, Pᵀ·softcap' to the pair's buffer. Element (key kj + 8r, query i0 + n·8 + 2t + e).
+      //    Masked steps take a second copy of the pass (the common step tests nothing per element).
+      if (role == 0) {
+        auto pass = [&](auto masked) {
+          constexpr bool Masked = decltype(masked)::value;
+#pragma unroll
+          for (int n = 0; n < NQ; ++n) {
+            float w[4];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int qi = n * 8 + 2 * t4 + e;
+              const long row = i0 + qi;
+              const float l2 = qi < rows
+                                   ? recompute_lse(a.lse[b * a.l_s[0] + hq * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
+                                   : compat::infinity<float>();
+              long first = 0, last = a.seq_k - 1;
+              if (Masked) mask.visible_range(row, first, last);
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const bool vis = !Masked || (kj + 8 * r >= first && kj + 8 * r <= last);
+                float dcap;
+                c[n][2 * r + e] = tc_recompute_p<Softcap>(c[n][2 * r + e], a.pc, l2, vis, dcap);
+                w[2 * r + e] = c[n][2 * r + e] * dcap;
+              }
+            }
+            w_frag[n * 32] = make_float4(w[0], w[1], w[2], w[3]);
+          }
+        };
+        if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
+          pass(std::true_type{});
+        else
+          pass(std::false_type{});
+      }
+      __syncthreads();  // every pair's Pᵀ·softcap' is in
+      // Role 1: dSᵀ = Pᵀ·softcap' ∘ (dPᵀ − D) into c (rows past the tile have D = 0 and Pᵀ = 0).
+      if (role == 1) {
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
-          float w[4];
+          const float4 w = w_frag[n * 32];
+          float dd[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int qi = n * 8 + 2 * t4 + e;
-            const long row = i0 + qi;
-            const float l2 = qi < rows ? recompute_lse(a.lse[b * a.l_s[0] + hq * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
-                                       : compat::infinity<float>();
-            long first = 0, last = a.seq_k - 1;
-            if (Masked) mask.visible_range(row, first, last);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const bool vis = !Masked || (kj + 8 * r >= first && kj + 8 * r <= last);
-              float dcap;
-              c[n][2 * r + e] = tc_recompute_p<Softcap>(c[n][2 * r + e], a.pc, l2, vis, dcap);
-              w[2 * r + e] = c[n][2 * r + e] * dcap;
-            }
+            dd[e] = qi < rows ? a.dd[b * a.d_s[0] + hq * a.d_s[1] + (i0 + qi) * a.d_s[2]] : 0.f;
           }
-          w_frag[n * 32] = make_float4(w[0], w[1], w[2], w[3]);
+          c[n][0] = w.x * (c[n][0] - dd[0]);
+          c[n][1] = w.y * (c[n][1] - dd[1]);
+          c[n][2] = w.z * (c[n][2] - dd[0]);
+          c[n][3] = w.w * (c[n][3] - dd[1]);
         }
-      };
-      if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
-        pass(std::true_type{});
-      else
-        pass(std::false_type{});
-    }
-    __syncthreads();  // every pair's Pᵀ·softcap' is in
-    // Role 1: dSᵀ = Pᵀ·softcap' ∘ (dPᵀ − D) into c (rows past the tile have D = 0 and Pᵀ = 0).
-    if (role == 1) {
-#pragma unroll
-      for (int n = 0; n < NQ; ++n) {
-        const float4 w = w_frag[n * 32];
-        float dd[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int qi = n * 8 + 2 * t4 + e;
-          dd[e] = qi < rows ? a.dd[b * a.d_s[0] + hq * a.d_s[1] + (i0 + qi) * a.d_s[2]] : 0.f;
-        }
-        c[n][0] = w.x * (c[n][0] - dd[0]);
-        c[n][1] = w.y * (c[n][1] - dd[1]);
-        c[n][2] = w.z * (c[n][2] - dd[0]);
-        c[n][3] = w.w * (c[n][3] - dd[1]);
       }
-    }
 
-    // 3. dV += Pᵀ·dO (role 0) or dK += dSᵀ·Q (role 1), one step and 32 head dims at a time into a zeroed C.
-    tc::accumulate_c_rows_3xtf32<D, NQ, P>(acc, c, stage0_f + st * (stage_bytes / 4) + r_off);
-    __syncthreads();  // every warp is done with this stage and the buffers before they are refilled
-    if (++qt == n_qt) qt = 0, ++gh;
+      // 3. dV += Pᵀ·dO (role 0) or dK += dSᵀ·Q (role 1), one step and 32 head dims at a time into a zeroed C.
+      tc::accumulate_c_rows_3xtf32<D, NQ, P>(acc, c, stage0_f + st * (stage_bytes / 4) + r_off);
+      __syncthreads();  // every warp is done with this stage and the buffers before they are refilled
+      if (++qt == n_qt) qt = 0, ++gh;
+    }
   }
   tc::cp_async_wait_all();
 
@@ -266,8 +274,7 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 16;                       // this warp's first query row
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
+  const int wr0 = i0 + warp * 16;  // this warp's first query row
 
   // Q, dO, then two stages of (K, V).
   const std::uint32_t qs = tc::smem_addr(tf32_dq_smem), dos = qs + BQ * P * 4, ks0 = dos + BQ * P * 4;
@@ -277,10 +284,8 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
     tc::load_tile_async<2 * D, decltype(rows_c)::value, NT, false>(dst, reinterpret_cast<const std::uint16_t*>(src),
                                                                    2 * stride, valid, tid);
   };
-  const long j_begin = mask.key_begin(i0);
-  const long j_end = mask.key_end(i0 + rows);
   // The tile's addresses from the arguments each time (kept in registers across the loop, they spilled).
-  auto load_kv = [&](long j0, int stage) {
+  auto load_kv = [&](long j0, long j_end, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
     load_rows(std::integral_constant<int, BC>{}, kd,
@@ -288,15 +293,13 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
     load_rows(std::integral_constant<int, BC>{}, kd + kv_bytes,
               reinterpret_cast<const float*>(a.v) + b * a.v_s[0] + j0 * a.v_s[1] + hk * a.v_s[2], a.v_s[1], cols);
   };
-  // Group 0: the Q and dO blocks (rows past seq_q are zeros) and the first K/V tile.
+  // The Q and dO blocks (rows past seq_q are zeros), in the group of the first pass's first K/V tile.
   load_rows(std::integral_constant<int, BQ>{}, qs,
             reinterpret_cast<const float*>(a.q) + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
             a.q_s[1], rows);
   load_rows(std::integral_constant<int, BQ>{}, dos,
             reinterpret_cast<const float*>(a.d_o) + b * a.do_s[0] + static_cast<long>(i0) * a.do_s[1] + h * a.do_s[2],
             a.do_s[1], rows);
-  if (j_begin < j_end) load_kv(j_begin, 0);
-  tc::cp_async_commit();
 
   // Rows g and g + 8: lse·log2(e) and D (+inf and 0 past seq_q: P = 0 there).
   float lse2[2], ddr[2];
@@ -318,56 +321,66 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   // K as B of dQ += dS·K: keys 2t and 2t + 1 of each 8, head dims 4g … 4g + 3
   const int r_off = 2 * t4 * P + 4 * g;
 
+  // One pass per document the block's rows meet (one without documents), the rows' state carried across; each
+  // pass starts its own pipeline (its first tile in the next stage).
   int stage = 0;
-  for (long j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
-    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
-    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    const KeyRule mask = a.mask.rule(doc);
+    const long j_begin = mask.key_begin(i0);
+    const long j_end = mask.key_end(i0 + rows);
+    if (j_begin < j_end) load_kv(j_begin, j_end, stage);
     tc::cp_async_commit();
-    tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q, dO) are in
-    __syncthreads();
-    const std::uint32_t ks = ks0 + stage * stage_bytes, vs = ks + kv_bytes;
-    const float* k_f = ks0_f + stage * (stage_bytes / 4);
+    for (long j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+      const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+      if (j0 + BC < j_end) load_kv(j0 + BC, j_end, stage ^ 1);
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q, dO) are in
+      __syncthreads();
+      const std::uint32_t ks = ks0 + stage * stage_bytes, vs = ks + kv_bytes;
+      const float* k_f = ks0_f + stage * (stage_bytes / 4);
 
-    float dp[BC / 8][4], s[BC / 8][4];
+      float dp[BC / 8][4], s[BC / 8][4];
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n)
+      for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[n][e] = s[n][e] = 0.f;
-    tc::scores_3xtf32<D, BC / 8, P>(dp, dos + a_off, vs + b_off);
-    tc::scores_3xtf32<D, BC / 8, P>(s, qs + a_off, ks + b_off);
+        for (int e = 0; e < 4; ++e) dp[n][e] = s[n][e] = 0.f;
+      tc::scores_3xtf32<D, BC / 8, P>(dp, dos + a_off, vs + b_off);
+      tc::scores_3xtf32<D, BC / 8, P>(s, qs + a_off, ks + b_off);
 
-    // dS = P ∘ (dP − D) (∘ softcap') into s; masked tiles take a second copy of the pass.
-    auto ds_pass = [&](auto masked) {
-      constexpr bool Masked = decltype(masked)::value;
+      // dS = P ∘ (dP − D) (∘ softcap') into s; masked tiles take a second copy of the pass.
+      auto ds_pass = [&](auto masked) {
+        constexpr bool Masked = decltype(masked)::value;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        int lo = 0, hi = BC - 1;  // visible keys of the row, tile-local
-        if (Masked) {
-          long first, last;
-          mask.visible_range(wr0 + g + r * 8, first, last);
-          lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
-          hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
-        }
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int jj = n * 8 + 2 * t4 + e;
-            const bool vis = !Masked || (jj >= lo && jj <= hi);
-            float dcap;
-            const float p = tc_recompute_p<Softcap>(s[n][2 * r + e], a.pc, lse2[r], vis, dcap);
-            s[n][2 * r + e] = p * (dp[n][2 * r + e] - ddr[r]) * dcap;
+        for (int r = 0; r < 2; ++r) {
+          int lo = 0, hi = BC - 1;  // visible keys of the row, tile-local
+          if (Masked) {
+            long first, last;
+            mask.visible_range(wr0 + g + r * 8, first, last);
+            lo = static_cast<int>(first - j0 < 0 ? 0 : (first - j0 > BC ? BC : first - j0));
+            hi = static_cast<int>(last - j0 < -1 ? -1 : (last - j0 > cols - 1 ? cols - 1 : last - j0));
           }
-      }
-    };
-    if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC))
-      ds_pass(std::true_type{});
-    else
-      ds_pass(std::false_type{});
+#pragma unroll
+          for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int jj = n * 8 + 2 * t4 + e;
+              const bool vis = !Masked || (jj >= lo && jj <= hi);
+              float dcap;
+              const float p = tc_recompute_p<Softcap>(s[n][2 * r + e], a.pc, lse2[r], vis, dcap);
+              s[n][2 * r + e] = p * (dp[n][2 * r + e] - ddr[r]) * dcap;
+            }
+        }
+      };
+      if (cols < BC || !mask.all_visible(i0, i0 + rows, j0, j0 + BC))
+        ds_pass(std::true_type{});
+      else
+        ds_pass(std::false_type{});
 
-    // dQ += dS·K, one tile and 32 head dims at a time into a zeroed C.
-    tc::accumulate_c_rows_3xtf32<D, BC / 8, P>(acc, s, k_f + r_off);
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+      // dQ += dS·K, one tile and 32 head dims at a time into a zeroed C.
+      tc::accumulate_c_rows_3xtf32<D, BC / 8, P>(acc, s, k_f + r_off);
+      __syncthreads();  // every warp is done with this stage before the next iteration refills it
+    }
   }
   tc::cp_async_wait_all();
 

@@ -192,7 +192,6 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // The arguments carry the views' data as 16-bit pointers (Fa2QkvArgs) and strides in floats.
   const float* qg = reinterpret_cast<const float*>(a.q);
@@ -216,19 +215,15 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   // 2^31 - 256). Long at d = 128 spilled 4 B on sm_80/86/89 (ptxas, CUDA 13.0); int there is also 1% faster
   // on the H200, while at d = 64 long is 1-2% faster (fp32, softcap 30, N 4096/16384).
   using Pos = typename std::conditional < Softcap&& D<128, long, int>::type;
-  const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
-  const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
-  auto load_kv = [&](Pos j0, int stage) {
+  auto load_kv = [&](Pos j0, Pos j_end, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
     load_rows(std::integral_constant<int, BC>{}, kd, kbase + static_cast<long>(j0) * kstride, kstride, cols);
     load_rows(std::integral_constant<int, BC>{}, kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols);
   };
-  // Group 0: the Q block (rows past seq_q are zeros) and the first K/V tile.
+  // The Q block (rows past seq_q are zeros), in the group of the first pass's first K/V tile.
   load_rows(std::integral_constant<int, BQ>{}, qs, qg + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
             a.q_s[1], rows);
-  if (j_begin < j_end) load_kv(j_begin, 0);
-  tc::cp_async_commit();
 
   float acc[D / 8][4];
 #pragma unroll
@@ -246,55 +241,66 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   // V as B of O += P·V: this lane reads keys 2t and 2t + 1 of each 8, head dims 32p + 4g … 32p + 4g + 3
   const int v_off = 2 * t4 * P + 4 * g;
 
+  // One pass per document the block's rows meet (one without documents), the rows' state carried across; each
+  // pass starts its own pipeline (its first tile in the next stage).
   int stage = 0;
-  for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
-    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
-    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    const KeyRule mask = a.mask.rule(doc);
+    const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
+    const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
+    const tc::RowKeys rk(mask, i0, rows, wr0 + g);
+    if (j_begin < j_end) load_kv(j_begin, j_end, stage);
     tc::cp_async_commit();
-    tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q) are in
-    __syncthreads();
-    const std::uint32_t k_lane = ks0 + stage * stage_bytes + k_off;
-    const float* v_lane = kv_smem + stage * (stage_bytes / 4) + BC * P + v_off;
+    for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+      const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+      if (j0 + BC < j_end) load_kv(j0 + BC, j_end, stage ^ 1);
+      tc::cp_async_commit();
+      tc::cp_async_wait_1();  // everything but the group just issued: tile j (and Q) are in
+      __syncthreads();
+      const std::uint32_t k_lane = ks0 + stage * stage_bytes + k_off;
+      const float* v_lane = kv_smem + stage * (stage_bytes / 4) + BC * P + v_off;
 
-    float s[BC / 8][4];
+      float s[BC / 8][4];
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    // S = Q·Kᵀ, 32 head dims at a time into a zeroed C, added to S in registers (as O below).
-    tc::scores_3xtf32<D, BC / 8, P>(s, q_lane, k_lane);
+      for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      // S = Q·Kᵀ, 32 head dims at a time into a zeroed C, added to S in registers (as O below).
+      tc::scores_3xtf32<D, BC / 8, P>(s, q_lane, k_lane);
 
-    tc::softcap_and_mask_rows<BC, Softcap>(s, mask, i0, rows, j0, cols, wr0 + g, t4, cap_in, cap_out);
-    // The online softmax, rescaling on every tile (tile maxima in natural units, as the combine rule takes them).
-    float tmax[2] = {ninf, ninf};
+      tc::softcap_and_mask_rows<BC, Softcap>(s, rk, j0, cols, t4, cap_in, cap_out);
+      // The online softmax, rescaling on every tile (tile maxima in natural units, as the combine rule takes them).
+      float tmax[2] = {ninf, ninf};
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n)
+      for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
-    float mc[2];  // the running maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
+        for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+      float mc[2];  // the running maximum times log2(e), 0 for a row with no visible key yet (its p are 0)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float t = tc::quad_max(tmax[r]);
-      const MergeFactors<float> f = merge_factors(m[r], t == ninf ? ninf : t * a.scale);
-      m[r] = f.m;
-      l[r] *= f.scale_a;
+      for (int r = 0; r < 2; ++r) {
+        const float t = tc::quad_max(tmax[r]);
+        const MergeFactors<float> f = merge_factors(m[r], t == ninf ? ninf : t * a.scale);
+        m[r] = f.m;
+        l[r] *= f.scale_a;
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        acc[n][2 * r] *= f.scale_a;
-        acc[n][2 * r + 1] *= f.scale_a;
+        for (int n = 0; n < D / 8; ++n) {
+          acc[n][2 * r] *= f.scale_a;
+          acc[n][2 * r + 1] *= f.scale_a;
+        }
+        mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
       }
-      mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
-    }
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
+      for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = tc::exp2_approx(fmaf(s[n][e], c, -mc[e >> 1]));
-      l[0] += s[n][0] + s[n][1];
-      l[1] += s[n][2] + s[n][3];
-    }
+        for (int e = 0; e < 4; ++e) s[n][e] = tc::exp2_approx(fmaf(s[n][e], c, -mc[e >> 1]));
+        l[0] += s[n][0] + s[n][1];
+        l[1] += s[n][2] + s[n][3];
+      }
 
-    // O += P·V, 32 head dims at a time: this tile's part is summed in a zeroed C and added to O in registers,
-    // because the tensor core truncates what it adds to C (see the top of this file).
-    tc::accumulate_c_rows_3xtf32<D, BC / 8, P>(acc, s, v_lane);
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+      // O += P·V, 32 head dims at a time: this tile's part is summed in a zeroed C and added to O in registers,
+      // because the tensor core truncates what it adds to C (see the top of this file).
+      tc::accumulate_c_rows_3xtf32<D, BC / 8, P>(acc, s, v_lane);
+      __syncthreads();  // every warp is done with this stage before the next iteration refills it
+    }
   }
   tc::cp_async_wait_all();
 

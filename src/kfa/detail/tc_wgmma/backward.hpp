@@ -158,7 +158,6 @@ struct TcWgmmaDkDvKernel {
     const int b = lr / (n_kblocks * heads_kv);
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
-    const KeyMask mask = this->mask.for_keys(k0, k0 + keys);  // one document's rule where the block has one
 
     // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, then [stage][lse | D] rows. Tiles start at a
     // multiple of 1024 B: the swizzle is a function of the address bits.
@@ -173,10 +172,9 @@ struct TcWgmmaDkDvKernel {
     const std::uint32_t full0 = stage0 + ST * 2 * tile_q + ST * 2 * BQ * 4;
     auto full = [&](int st) { return full0 + 8u * static_cast<std::uint32_t>(st); };
 
-    const long qb0 = mask.query_begin(k0);
-    const long qb1 = mask.query_end(k0 + keys, seq_q);
-    const int n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
-    const int steps = n_qt * group;
+    KeyRule mask;  // the pass's: one per document the block's keys meet (one without documents)
+    long qb0 = 0, qb1 = 0;
+    int n_qt = 0;
     const long qstride = static_cast<long>(q.stride(1)), dostride = static_cast<long>(d_o.stride(1));
     const auto* qbase = q.data() + b * q.stride(0) + static_cast<long>(hk) * group * q.stride(2);
     const auto* dobase = d_o.data() + b * d_o.stride(0) + static_cast<long>(hk) * group * d_o.stride(2);
@@ -211,37 +209,6 @@ struct TcWgmmaDkDvKernel {
       d = in ? static_cast<float>(dd(b, hq, i)) : 0.f;
     };
     constexpr std::uint32_t kv_bytes = 2u * BK * D * 2;
-    if (steps > 0) {
-      if constexpr (use_tma) {
-        if (tid == 0) {
-          for (int i = 0; i < 4; ++i) tc::tma_prefetch(tma, i);
-          for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), 1);
-          asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-          tc::tma_rows<D, BK>(ks, tma, 2, k0, hk, b, full(0));
-          tc::tma_rows<D, BK>(vs, tma, 3, k0, hk, b, full(0));
-        }
-      } else {
-        tc::load_tile_sw128<D, BK, NTH>(
-            ks,
-            reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
-            static_cast<long>(k.stride(1)), keys, tid);
-        tc::load_tile_sw128<D, BK, NTH>(
-            vs,
-            reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
-            static_cast<long>(v.stride(1)), keys, tid);
-      }
-    }
-    // Steps 0 .. ST − 2 in flight, one commit group each (K and V ride with step 0's).
-#pragma unroll
-    for (int s0 = 0; s0 < ST - 1; ++s0) {
-      if (s0 < steps) {
-        issue(s0, s0, s0 == 0 ? kv_bytes : 0u);
-        if (tid < BQ) row_values(s0, rows_s[s0 * 2 * BQ + tid], rows_s[s0 * 2 * BQ + BQ + tid]);
-      }
-      tc::cp_async_commit();
-    }
-    if constexpr (use_tma) __syncthreads();  // the barriers' init and the first steps' rows (cp.async: at step 0)
-
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
@@ -257,112 +224,163 @@ struct TcWgmmaDkDvKernel {
     const int kr0 = wg * 64 + (warp & 3) * 16 + g;
     const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(wg * 64 * 128), v_wg = k_wg + BK * D * 2;
 
-    int qt = 0, st = 0;
-    for (int step = 0; step < steps; ++step) {
-      const long i0 = qb0 + static_cast<long>(qt) * BQ;
-      const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
-      // Step + ST − 1 goes into the stage step − 1 used (every warp left it at the previous step's end).
-      const bool next = step + ST - 1 < steps;
-      const int nst = st == 0 ? ST - 1 : st - 1;
-      float next_l2 = 0.f, next_d = 0.f;
-      if (next) {
-        issue(step + ST - 1, nst, 0u);
-        row_values(step + ST - 1, next_l2, next_d);
+    // One pass per document the block's keys meet (one without documents), dK and dV carried across. Step s of a
+    // pass is step done + s of the block (done: the earlier passes' steps), in stage (done + s) mod ST, its
+    // ((done + s) / ST)-th use; K and V ride with the first pass's first step.
+    int done = 0;
+    bool kv_in = false;
+    const DocumentSpan span = this->mask.documents_of_keys(k0, k0 + keys);
+    for (int doc = span.first; doc < span.last; ++doc) {
+      mask = this->mask.rule(doc);
+      qb0 = mask.query_begin(k0);
+      qb1 = mask.query_end(k0 + keys, seq_q);
+      n_qt = qb1 > qb0 ? static_cast<int>((qb1 - qb0 + BQ - 1) / BQ) : 0;
+      const int steps = n_qt * group;
+      if (steps == 0) continue;
+      const int st0 = done % ST;
+      if (!kv_in) {
+        if constexpr (use_tma) {
+          if (tid == 0) {
+            for (int i = 0; i < 4; ++i) tc::tma_prefetch(tma, i);
+            for (int st = 0; st < ST; ++st) tc::mbar_init(full(st), 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            tc::tma_rows<D, BK>(ks, tma, 2, k0, hk, b, full(st0));
+            tc::tma_rows<D, BK>(vs, tma, 3, k0, hk, b, full(st0));
+          }
+        } else {
+          tc::load_tile_sw128<D, BK, NTH>(
+              ks,
+              reinterpret_cast<const std::uint16_t*>(k.data() + b * k.stride(0) + k0 * k.stride(1) + hk * k.stride(2)),
+              static_cast<long>(k.stride(1)), keys, tid);
+          tc::load_tile_sw128<D, BK, NTH>(
+              vs,
+              reinterpret_cast<const std::uint16_t*>(v.data() + b * v.stride(0) + k0 * v.stride(1) + hk * v.stride(2)),
+              static_cast<long>(v.stride(1)), keys, tid);
+        }
       }
-      if constexpr (use_tma) {
-        tc::mbar_wait(full(st), static_cast<unsigned>(step / ST) & 1u);  // this step's Q and dO (and K, V)
-      } else {
+      // Steps 0 .. ST − 2 in flight, one commit group each (K and V ride with the first pass's step 0).
+#pragma unroll
+      for (int s0 = 0; s0 < ST - 1; ++s0) {
+        if (s0 < steps) {
+          const int sst = (st0 + s0) % ST;
+          issue(s0, sst, s0 == 0 && !kv_in ? kv_bytes : 0u);
+          if (tid < BQ) row_values(s0, rows_s[sst * 2 * BQ + tid], rows_s[sst * 2 * BQ + BQ + tid]);
+        }
         tc::cp_async_commit();
-        tc::cp_async_wait<ST - 1>();  // all but the ST − 1 groups after this step's
-        tc::fence_proxy_async();
-        __syncthreads();  // this step's Q and dO (and K, V), lse and D are in
       }
-      const std::uint32_t qs = stage0 + st * 2 * tile_q, dos = qs + tile_q;
-      const float* lse_s = rows_s + st * 2 * BQ;
-      const float* dd_s = lse_s + BQ;
+      kv_in = true;
+      if constexpr (use_tma) __syncthreads();  // the barriers' init and the first steps' rows (cp.async: at step 0)
 
-      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major steps of 16 elements advance 32 B inside a 128-byte panel row,
-      // every 4 steps a panel.
-      tc::pingpong_before_first(wg);
-      tc::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = (kk >> 2);
-        tc::wgmma_ss<BQ, T>(s, tc::wgmma_desc(k_wg + panel * BK * 128 + in_row, 16, 1024),
-                            tc::wgmma_desc(qs + panel * BQ * 128 + in_row, 16, 1024), kk);
-      }
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = (kk >> 2);
-        tc::wgmma_ss<BQ, T>(dp, tc::wgmma_desc(v_wg + panel * BK * 128 + in_row, 16, 1024),
-                            tc::wgmma_desc(dos + panel * BQ * 128 + in_row, 16, 1024), kk);
-      }
-      tc::wgmma_commit();
-      tc::pingpong_after_first(wg);
-      tc::wgmma_wait_all();
-      tc::wgmma_hold(s);
-      tc::wgmma_hold(dp);
+      int qt = 0, st = st0;
+      for (int step = 0; step < steps; ++step) {
+        const long i0 = qb0 + static_cast<long>(qt) * BQ;
+        const int rows = static_cast<int>(qb1 - i0 < BQ ? qb1 - i0 : BQ);
+        // Step + ST − 1 goes into the stage step − 1 used (every warp left it at the previous step's end).
+        const bool next = step + ST - 1 < steps;
+        const int nst = st == 0 ? ST - 1 : st - 1;
+        float next_l2 = 0.f, next_d = 0.f;
+        if (next) {
+          issue(step + ST - 1, nst, 0u);
+          row_values(step + ST - 1, next_l2, next_d);
+        }
+        if constexpr (use_tma) {
+          tc::mbar_wait(full(st), static_cast<unsigned>((done + step) / ST) & 1u);  // this step's Q and dO (and K, V)
+        } else {
+          tc::cp_async_commit();
+          tc::cp_async_wait<ST - 1>();  // all but the ST − 1 groups after this step's
+          tc::fence_proxy_async();
+          __syncthreads();  // this step's Q and dO (and K, V), lse and D are in
+        }
+        const std::uint32_t qs = stage0 + st * 2 * tile_q, dos = qs + tile_q;
+        const float* lse_s = rows_s + st * 2 * BQ;
+        const float* dd_s = lse_s + BQ;
 
-      // Pᵀ and dSᵀ, packed into A fragments (16 queries per k step: n-tiles 2kk and 2kk + 1). Masked tiles
-      // take a second copy of the pass, in which each key's visible queries are one range of the tile (the
-      // common tile tests nothing per element).
-      std::uint32_t pa[BQ / 16][4], da[BQ / 16][4];
-      auto p_ds_pass = [&](auto masked) {
-        constexpr bool Masked = decltype(masked)::value;
-        int lo[2] = {0, 0}, hi[2] = {BQ - 1, BQ - 1};  // visible queries of keys kr0 and kr0 + 8, tile-local
-        if (Masked) {
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major steps of 16 elements advance 32 B inside a 128-byte panel row,
+        // every 4 steps a panel.
+        tc::pingpong_before_first(wg);
+        tc::wgmma_fence();
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const long j = k0 + kr0 + h * 8;
-            const long first = mask.query_begin(j) - i0, last = mask.query_end(j + 1, seq_q) - 1 - i0;
-            lo[h] = static_cast<int>(first < 0 ? 0 : (first > BQ ? BQ : first));
-            hi[h] = static_cast<int>(j >= seq_k || last < 0 ? -1 : (last > rows - 1 ? rows - 1 : last));
-          }
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = (kk >> 2);
+          tc::wgmma_ss<BQ, T>(s, tc::wgmma_desc(k_wg + panel * BK * 128 + in_row, 16, 1024),
+                              tc::wgmma_desc(qs + panel * BQ * 128 + in_row, 16, 1024), kk);
         }
 #pragma unroll
-        for (int n = 0; n < BQ / 8; ++n) {
-          float p[4], ds[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int qq = n * 8 + 2 * t4 + (e & 1);
-            const bool vis = !Masked || (qq >= lo[e >> 1] && qq <= hi[e >> 1]);
-            float dcap;
-            p[e] = tc_recompute_p<Softcap>(s[n][e], pc, lse_s[qq], vis, dcap);
-            ds[e] = p[e] * (dp[n][e] - dd_s[qq]) * dcap;
-          }
-          pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p[0], p[1]);
-          pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p[2], p[3]);
-          da[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(ds[0], ds[1]);
-          da[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(ds[2], ds[3]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = (kk >> 2);
+          tc::wgmma_ss<BQ, T>(dp, tc::wgmma_desc(v_wg + panel * BK * 128 + in_row, 16, 1024),
+                              tc::wgmma_desc(dos + panel * BQ * 128 + in_row, 16, 1024), kk);
         }
-      };
-      if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
-        p_ds_pass(std::true_type{});
-      else
-        p_ds_pass(std::false_type{});
+        tc::wgmma_commit();
+        tc::pingpong_after_first(wg);
+        tc::wgmma_wait_all();
+        tc::wgmma_hold(s);
+        tc::wgmma_hold(dp);
 
-      // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
-      // dimension): 16 query rows per step, 64-element panels BQ rows apart.
-      tc::pingpong_before_second(wg);
-      tc::wgmma_fence();  // pa and da were written by ordinary instructions
+        // Pᵀ and dSᵀ, packed into A fragments (16 queries per k step: n-tiles 2kk and 2kk + 1). Masked tiles
+        // take a second copy of the pass, in which each key's visible queries are one range of the tile (the
+        // common tile tests nothing per element).
+        std::uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+        auto p_ds_pass = [&](auto masked) {
+          constexpr bool Masked = decltype(masked)::value;
+          int lo[2] = {0, 0}, hi[2] = {BQ - 1, BQ - 1};  // visible queries of keys kr0 and kr0 + 8, tile-local
+          if (Masked) {
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk)
-        tc::wgmma_rs<D, T>(dva, pa[kk], tc::wgmma_desc(dos + kk * 16 * 128, BQ * 128, 1024));
+            for (int h = 0; h < 2; ++h) {
+              const long j = k0 + kr0 + h * 8;
+              long first, last;  // the queries that see key j, tile-local
+              mask.seen_by(j, seq_q, first, last);
+              first -= i0, last -= i0;
+              lo[h] = static_cast<int>(first < 0 ? 0 : (first > BQ ? BQ : first));
+              hi[h] = static_cast<int>(j >= seq_k || last < 0 ? -1 : (last > rows - 1 ? rows - 1 : last));
+            }
+          }
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk)
-        tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
-      tc::wgmma_commit();
-      tc::pingpong_after_second(wg);
-      tc::wgmma_wait_all();
-      tc::wgmma_hold(dva);
-      tc::wgmma_hold(dka);
-      if (next && tid < BQ) {  // stage nst's rows were last read in the previous step
-        float* nr = rows_s + nst * 2 * BQ;
-        nr[tid] = next_l2, nr[BQ + tid] = next_d;
+          for (int n = 0; n < BQ / 8; ++n) {
+            float p[4], ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int qq = n * 8 + 2 * t4 + (e & 1);
+              const bool vis = !Masked || (qq >= lo[e >> 1] && qq <= hi[e >> 1]);
+              float dcap;
+              p[e] = tc_recompute_p<Softcap>(s[n][e], pc, lse_s[qq], vis, dcap);
+              ds[e] = p[e] * (dp[n][e] - dd_s[qq]) * dcap;
+            }
+            pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p[0], p[1]);
+            pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p[2], p[3]);
+            da[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(ds[0], ds[1]);
+            da[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(ds[2], ds[3]);
+          }
+        };
+        if (rows < BQ || keys < BK || !mask.all_visible(i0, i0 + BQ, k0, k0 + BK))
+          p_ds_pass(std::true_type{});
+        else
+          p_ds_pass(std::false_type{});
+
+        // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
+        // dimension): 16 query rows per step, 64-element panels BQ rows apart.
+        tc::pingpong_before_second(wg);
+        tc::wgmma_fence();  // pa and da were written by ordinary instructions
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk)
+          tc::wgmma_rs<D, T>(dva, pa[kk], tc::wgmma_desc(dos + kk * 16 * 128, BQ * 128, 1024));
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk)
+          tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
+        tc::wgmma_commit();
+        tc::pingpong_after_second(wg);
+        tc::wgmma_wait_all();
+        tc::wgmma_hold(dva);
+        tc::wgmma_hold(dka);
+        if (next && tid < BQ) {  // stage nst's rows were last read in the previous step
+          float* nr = rows_s + nst * 2 * BQ;
+          nr[tid] = next_l2, nr[BQ + tid] = next_d;
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled; step + ST − 1's rows are in
+        if (++qt == n_qt) qt = 0;
+        if (++st == ST) st = 0;
       }
-      __syncthreads();  // every warp is done with this stage before it is refilled; step + ST − 1's rows are in
-      if (++qt == n_qt) qt = 0;
-      if (++st == ST) st = 0;
+      done += steps;
     }
     tc::cp_async_wait_all();
 
@@ -423,7 +441,6 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // Q, dO, then stage s's K at ks0 + s·2·BC·D·2 and V right after it, each at a multiple of 1024 B; barriers.
   const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * D * 2;
@@ -434,23 +451,20 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
   __syncthreads();  // the last block-wide barrier: the producer leaves early
 
-  const long j_begin = mask.key_begin(i0);
-  const long j_end = mask.key_end(i0 + rows);
-
   if (wg == 2) {  // the producer: 56 registers (its four tiles' address arithmetic spilled at 24 and 40)
     tc::setmaxnreg_dec<56>();
     const int tid = threadIdx.x - 256;
     if (tma) {
       if (tid == 0) {
         for (int i = 0; i < 4; ++i) tc::tma_prefetch(a.tma, i);
-        tc::ws_produce<ST>(
-            bar, j_begin, j_end, BC,
+        tc::ws_produce<ST, long>(
+            bar, a.mask, i0, i0 + rows, BC,
             [&](std::uint32_t full) {
               tc::mbar_arrive_expect_tx(full, 2 * BQ * D * 2);
               tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
               tc::tma_rows<D, BQ>(dos, a.tma, 1, i0, h, b, full);
             },
-            [&](int st, long j0, std::uint32_t full) {
+            [&](int st, long j0, long, std::uint32_t full) {
               const std::uint32_t kd = ks0 + st * stage_bytes;
               tc::mbar_arrive_expect_tx(full, stage_bytes);
               tc::tma_rows<D, BC>(kd, a.tma, 2, static_cast<int>(j0), hk, b, full);
@@ -462,8 +476,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
     const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
     const long kstride = a.k_s[1], vstride = a.v_s[1];
-    tc::ws_produce<ST>(
-        bar, j_begin, j_end, BC,
+    tc::ws_produce<ST, long>(
+        bar, a.mask, i0, i0 + rows, BC,
         [&](std::uint32_t full) {
           tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
                                          a.q_s[1], rows, tid);
@@ -471,7 +485,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
                                          a.do_s[1], rows, tid);
           tc::cp_async_mbar_arrive(full);
         },
-        [&](int st, long j0, std::uint32_t full) {
+        [&](int st, long j0, long j_end, std::uint32_t full) {
           const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
           const std::uint32_t kd = ks0 + st * stage_bytes;
           tc::load_tile_sw128<D, BC, NP>(kd, kbase + j0 * kstride, kstride, cols, tid);
@@ -499,6 +513,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128), do_wg = q_wg + BQ * D * 2;
+  KeyRule mask;  // the pass's: one per document the block's rows meet (one without documents)
+  long j_begin = 0, j_end = 0;
 
   // dS of tile j0 in place in s (from s and dp). Masked tiles take a second copy of the pass, in which each
   // row's visible keys are one range of the tile.
@@ -580,16 +596,25 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 
   tc::mbar_wait(bar.head(), 0);
   if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
-  if (j_begin < j_end) {
-    issue_s_dp(0, 0);
+  // Tile t of the block (over all passes, as tc::ws_produce loads them) is in stage t mod ST, its (t / ST)-th
+  // use. Each pass ends its pipeline and releases its last stage.
+  int st = 0;
+  unsigned use = 0;
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    mask = a.mask.rule(doc);
+    j_begin = mask.key_begin(i0);
+    j_end = mask.key_end(i0 + rows);
+    if (j_begin >= j_end) continue;
+    issue_s_dp(st, use);
     hand_over();
     tc::wgmma_wait<0>();
     tc::wgmma_hold(s);
     tc::wgmma_hold(dp);
     ds_in_place(j_begin);
     pack();
-    int prev = 0, st = 1 % ST;  // tile t is in stage t mod ST, its (t / ST)-th use
-    unsigned use = 0;
+    int prev = st;
+    if (++st == ST) st = 0, ++use;
     for (long j0 = j_begin + BC; j0 < j_end; j0 += BC) {
       issue_s_dp(st, use);
       issue_dq(prev);
@@ -609,6 +634,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     issue_dq(prev);
     tc::wgmma_wait<0>();
     tc::wgmma_hold(acc);
+    tc::mbar_arrive(bar.empty(prev));  // the next pass's tiles may refill it
   }
   if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
 

@@ -280,19 +280,25 @@ struct WsBarriers {
 };
 
 /// The producer of the warp-specialized kernels: `head(bar)` loads the block's resident tiles onto the head
-/// barrier, then key tile t (j0 = j_begin + t·bc < j_end) goes to stage t mod ST once the consumers have
-/// released the stage's previous tile: `tile(stage, j0, the stage's full barrier)`. Run by the one thread that
+/// barrier, then key tile t (the tiles of the rows [i_begin, i_end), one pass per document they meet) goes to
+/// stage t mod ST once the consumers have released the stage's previous tile: `tile(stage, j0, the pass's j_end,
+/// the stage's full barrier)`. Run by the one thread that
 /// issues TMA copies, or by every producer thread with cp.async.
 template <int ST, class J, class Head, class Tile>
-__device__ __forceinline__ void ws_produce(const WsBarriers<ST>& w, J j_begin, J j_end, int bc, Head&& head,
-                                           Tile&& tile) {
+__device__ __forceinline__ void ws_produce(const WsBarriers<ST>& w, const KeyMask& mask, long i_begin, long i_end,
+                                           int bc, Head&& head, Tile&& tile) {
   head(w.head());
   int st = 0;
   unsigned use = 0;  // how many times stage st was filled before
-  for (J j0 = j_begin; j0 < j_end; j0 += bc) {
-    if (use > 0) mbar_wait(w.empty(st), (use - 1) & 1);
-    tile(st, j0, w.full(st));
-    if (++st == ST) st = 0, ++use;
+  const DocumentSpan span = mask.documents_of_rows(i_begin, i_end);
+  for (int doc = span.first; doc < span.last; ++doc) {  // the consumers' passes, tile after tile
+    const KeyRule rule = mask.rule(doc);
+    const J j_begin = static_cast<J>(rule.key_begin(i_begin)), j_end = static_cast<J>(rule.key_end(i_end));
+    for (J j0 = j_begin; j0 < j_end; j0 += bc) {
+      if (use > 0) mbar_wait(w.empty(st), (use - 1) & 1);
+      tile(st, j0, j_end, w.full(st));
+      if (++st == ST) st = 0, ++use;
+    }
   }
 }
 template <int ID>
@@ -341,7 +347,6 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   // Tiles start at a multiple of 1024 B: the swizzle is a function of the address bits.
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
@@ -352,18 +357,14 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
   const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
   const long kstride = a.k_s[1], vstride = a.v_s[1];
   using Pos = typename std::conditional<Softcap, long, int>::type;
-  const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
-  const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
-  auto load_kv = [&](Pos j0, int stage) {
+  auto load_kv = [&](Pos j0, Pos j_end, int stage) {
     const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
     const std::uint32_t kd = ks0 + stage * stage_bytes;
     tc::load_tile_sw128<D, BC, NT>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
     tc::load_tile_sw128<D, BC, NT>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
   };
   tc::load_tile_sw128<D, BQ, NT>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
-                                 rows, tid);
-  if (j_begin < j_end) load_kv(j_begin, 0);
-  tc::cp_async_commit();
+                                 rows, tid);  // in the group of the first pass's first K/V tile
 
   float acc[D / 8][4];
 #pragma unroll
@@ -381,79 +382,90 @@ __global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForward
 #pragma unroll
   for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 
+  // One pass per document the block's rows meet (one without documents), the row states carried across; each
+  // pass starts its own pipeline (its first tile in the next stage).
   int stage = 0;
-  for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
-    const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
-    tc::cp_async_wait_all();  // tile j, issued during the previous tile (or with Q)
-    tc::fence_proxy_async();
-    __syncthreads();
-    const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
-
-    tc::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
-      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
-                          tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
-    }
-    tc::wgmma_commit();
-    tc::wgmma_wait_all();  // S, and the previous tile's O += P·V
-    tc::wgmma_hold(s);
-    tc::wgmma_hold(acc);
-    __syncthreads();  // both warpgroups are done with the previous tile's stage: refill it with tile j + 1
-    if (j0 + BC < j_end) load_kv(j0 + BC, stage ^ 1);
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    const KeyRule mask = a.mask.rule(doc);
+    const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
+    const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
+    const tc::RowKeys rk(mask, i0, rows, wr0 + g);
+    if (j_begin < j_end) load_kv(j_begin, j_end, stage);
     tc::cp_async_commit();
+    for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
+      const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
+      tc::cp_async_wait_all();  // tile j, issued during the previous tile (or with Q)
+      tc::fence_proxy_async();
+      __syncthreads();
+      const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
 
-    tc::softcap_and_mask_rows<BC, Softcap>(s, mask, i0, rows, j0, cols, wr0 + g, t4, cap_in, cap_out);
-    std::uint32_t pa[BC / 16][4];
-    {
-      float tmax[2] = {ninf, ninf};
+      tc::wgmma_fence();
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
-      float tm[2];
-      bool grow = false;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float t = tc::quad_max(tmax[r]);
-        tm[r] = t == ninf ? ninf : t * a.scale;
-        grow |= tm[r] > m[r] + kStale;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
+        tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
+                            tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
       }
-      if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
+      tc::wgmma_commit();
+      tc::wgmma_wait_all();  // S, and the previous tile's O += P·V
+      tc::wgmma_hold(s);
+      tc::wgmma_hold(acc);
+      __syncthreads();  // both warpgroups are done with the previous tile's stage: refill it with tile j + 1
+      if (j0 + BC < j_end) load_kv(j0 + BC, j_end, stage ^ 1);
+      tc::cp_async_commit();
+
+      tc::softcap_and_mask_rows<BC, Softcap>(s, rk, j0, cols, t4, cap_in, cap_out);
+      std::uint32_t pa[BC / 16][4];
+      {
+        float tmax[2] = {ninf, ninf};
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+        float tm[2];
+        bool grow = false;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const MergeFactors<float> f = merge_factors(m[r], tm[r]);
-          m[r] = f.m;
-          l[r] *= f.scale_a;
+          const float t = tc::quad_max(tmax[r]);
+          tm[r] = t == ninf ? ninf : t * a.scale;
+          grow |= tm[r] > m[r] + kStale;
+        }
+        if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
 #pragma unroll
-          for (int n = 0; n < D / 8; ++n) {
-            acc[n][2 * r] *= f.scale_a;
-            acc[n][2 * r + 1] *= f.scale_a;
+          for (int r = 0; r < 2; ++r) {
+            const MergeFactors<float> f = merge_factors(m[r], tm[r]);
+            m[r] = f.m;
+            l[r] *= f.scale_a;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+              acc[n][2 * r] *= f.scale_a;
+              acc[n][2 * r + 1] *= f.scale_a;
+            }
           }
         }
-      }
-      float mc[2];
+        float mc[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
+        for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-        const float p0 = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
-        const float p1 = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
-        const float p2 = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
-        const float p3 = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
-        pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
-        pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
+        for (int n = 0; n < BC / 8; ++n) {
+          const float p0 = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
+          const float p1 = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
+          const float p2 = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
+          const float p3 = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
+          l[0] += p0 + p1;
+          l[1] += p2 + p3;
+          pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
+          pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
+        }
       }
-    }
 
-    tc::wgmma_fence();  // acc was rescaled and pa written by ordinary instructions
+      tc::wgmma_fence();  // acc was rescaled and pa written by ordinary instructions
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
-    tc::wgmma_commit();
+      for (int kk = 0; kk < BC / 16; ++kk)
+        tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+      tc::wgmma_commit();
+    }
   }
   tc::wgmma_wait_all();
   tc::wgmma_hold(acc);
@@ -510,7 +522,6 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const float ninf = -compat::infinity<float>();
-  const KeyMask mask = a.mask.for_rows(i0, i0 + rows);  // one document's rule where the block has one
 
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
   const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
@@ -520,22 +531,19 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
   __syncthreads();  // the last block-wide barrier: the producer leaves early
 
-  const int j_begin = static_cast<int>(mask.key_begin(i0));  // seq_k < 2^31 - 256 (wgmma_forward_why_not)
-  const int j_end = static_cast<int>(mask.key_end(i0 + rows));
-
   if (wg == 2) {  // the producer
     tc::setmaxnreg_dec<24>();
     const int tid = threadIdx.x - 256;
     if (tma) {
       if (tid == 0) {
         for (int i = 0; i < 3; ++i) tc::tma_prefetch(a.tma, i);
-        tc::ws_produce<ST>(
-            bar, j_begin, j_end, BC,
+        tc::ws_produce<ST, int>(  // int key positions: seq_k < 2^31 - 256 (wgmma_forward_why_not)
+            bar, a.mask, i0, i0 + rows, BC,
             [&](std::uint32_t full) {
               tc::mbar_arrive_expect_tx(full, BQ * D * 2);
               tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
             },
-            [&](int st, int j0, std::uint32_t full) {
+            [&](int st, int j0, int, std::uint32_t full) {
               const std::uint32_t kd = ks0 + st * stage_bytes;
               tc::mbar_arrive_expect_tx(full, stage_bytes);
               tc::tma_rows<D, BC>(kd, a.tma, 1, j0, hk, b, full);
@@ -547,14 +555,14 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
     const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
     const long kstride = a.k_s[1], vstride = a.v_s[1];
-    tc::ws_produce<ST>(
-        bar, j_begin, j_end, BC,
+    tc::ws_produce<ST, int>(
+        bar, a.mask, i0, i0 + rows, BC,
         [&](std::uint32_t full) {
           tc::load_tile_sw128<D, BQ, NP>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2],
                                          a.q_s[1], rows, tid);
           tc::cp_async_mbar_arrive(full);
         },
-        [&](int st, int j0, std::uint32_t full) {
+        [&](int st, int j0, int j_end, std::uint32_t full) {
           const int cols = j_end - j0 < BC ? j_end - j0 : BC;
           const std::uint32_t kd = ks0 + st * stage_bytes;
           tc::load_tile_sw128<D, BC, NP>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
@@ -577,11 +585,13 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
   float s[BC / 8][4];
   std::uint32_t pa[BC / 16][4];
+  tc::RowKeys rk;  // the pass's: one per document the block's rows meet (one without documents)
+  int j_begin = 0, j_end = 0;
   // The softmax of tile t in place in s (softcap none, masks, running max, exponentials, row sums); returns
   // whether O is to be rescaled, by f.
   auto softmax = [&](int j0, float(&f)[2]) {
     const int cols = j_end - j0 < BC ? j_end - j0 : BC;
-    tc::softcap_and_mask_rows<BC, false>(s, mask, i0, rows, j0, cols, wr0 + g, t4, 0.f, 0.f);
+    tc::softcap_and_mask_rows<BC, false>(s, rk, j0, cols, t4, 0.f, 0.f);
     float tmax[2] = {ninf, ninf};
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
@@ -670,15 +680,25 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
 
   tc::mbar_wait(bar.head(), 0);
   if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
-  if (j_begin < j_end) {
-    issue_s(0, 0);
+  // Tile t of the block (over all passes, as tc::ws_produce loads them) is in stage t mod ST, its (t / ST)-th
+  // use. Each pass ends its pipeline and releases its last stage.
+  int st = 0;
+  unsigned use = 0;
+  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
+  for (int doc = span.first; doc < span.last; ++doc) {
+    const KeyRule mask = a.mask.rule(doc);
+    j_begin = static_cast<int>(mask.key_begin(i0));
+    j_end = static_cast<int>(mask.key_end(i0 + rows));
+    if (j_begin >= j_end) continue;
+    rk = tc::RowKeys(mask, i0, rows, wr0 + g);
+    issue_s(st, use);
     hand_over();
     tc::wgmma_wait<0>();
     tc::wgmma_hold(s);
     float f0[2] = {1.f, 1.f};
     rescale_and_pack(softmax(j_begin, f0), f0);
-    int prev = 0, st = 1;  // tile t is in stage t mod ST, its (t / ST)-th use
-    unsigned use = 0;
+    int prev = st;
+    if (++st == ST) st = 0, ++use;
     for (int j0 = j_begin + BC; j0 < j_end; j0 += BC) {
       issue_s(st, use);
       issue_pv(prev);
@@ -698,6 +718,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     issue_pv(prev);
     tc::wgmma_wait<0>();
     tc::wgmma_hold(acc);
+    tc::mbar_arrive(bar.empty(prev));  // the next pass's tiles may refill it
   }
   if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
 
