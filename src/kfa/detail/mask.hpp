@@ -102,8 +102,7 @@ struct KeyRule {
   /// True when every row of [i_begin, i_end) sees every key of [j_begin, j_end) (no masking needed).
   KOKKOS_INLINE_FUNCTION bool all_visible(long i_begin, long i_end, long j_begin, long j_end) const {
     return j_end <= seq_k && j_begin >= key_lo && i_begin >= q_lo && (q_hi < 0 || i_end <= q_hi) &&
-           (left < 0 || j_begin >= (i_end - 1) + offset - left) &&
-           (right < 0 || j_end - 1 <= i_begin + offset + right);
+           (left < 0 || j_begin >= (i_end - 1) + offset - left) && (right < 0 || j_end - 1 <= i_begin + offset + right);
   }
   /// all_visible for the rows [i_begin, i_end) as one key range, for kernels that hold it instead of the rule:
   /// every row sees every key of [j_begin, j_end) iff lo <= j_begin and j_end - 1 <= hi (lo > hi: no keys).

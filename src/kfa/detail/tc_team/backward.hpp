@@ -300,10 +300,10 @@ struct TcDkDvKernel {
             tc::mma<T>(dva[n + 1], pa, bf[2], bf[3]);
           }
         }
-        // dPᵀ[key][query] = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap' and dK += dSᵀ·Q, in DPH parts
-        // of the step's query rows (d = 128: two, so that dPᵀ takes 8 registers next to dK and dV's 128, Pᵀ and
-        // the softcap factors; V's fragments are then read once per part. In one part the softcap instances spilled
-        // 4 B: ptxas, CUDA 13.0, sm_90).
+        // dPᵀ[key][query] = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − D) ∘ softcap' and dK += dSᵀ·Q, in DPH
+        // parts of the step's query rows (d = 128: two, so that dPᵀ takes 8 registers next to dK and dV's 128,
+        // Pᵀ and the softcap factors; V's fragments are then read once per part. In one part the softcap
+        // instances spilled 4 B: ptxas, CUDA 13.0, sm_90).
         constexpr int DPH = D == 128 ? BQ / 16 : 1, DPN = BQ / 8 / DPH;  // parts, n-tiles per part
 #pragma unroll
         for (int h = 0; h < DPH; ++h) {
