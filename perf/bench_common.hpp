@@ -135,7 +135,7 @@ inline std::string loaded_blas() {
   }                                                                                                                 \
   const V s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;                                          \
   return s[0];
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 __attribute__((target("avx512f,fma"), noinline)) inline float fma_chains_avx512(long iters, float x) {
@@ -154,9 +154,10 @@ __attribute__((noinline)) inline float fma_chains_sse2(long iters, float x) {  /
 #endif
 #undef KFA_BENCH_FMA_CHAINS
 
-// GFLOP/s of one core at the running host ISA (0 where not measured: not x86-64, or the scalar level).
+// GFLOP/s of one core at the running host ISA (0 where not measured: not x86-64, the scalar level, or a CUDA
+// build, whose compiler driver crashed on these target-attributed vector functions: nvcc 13.0 with g++ 13).
 inline double fma_peak_gflops() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
   const kfa::HostIsa isa = kfa::host_isa();
   if (isa == kfa::HostIsa::scalar) return 0;
   const int lanes = isa == kfa::HostIsa::avx512 ? 16 : isa == kfa::HostIsa::avx2 ? 8 : 4;
