@@ -282,8 +282,8 @@ struct WsBarriers {
 /// The producer of the warp-specialized kernels: `head(bar)` loads the block's resident tiles onto the head
 /// barrier, then key tile t (the tiles of the rows [i_begin, i_end), one pass per document they meet) goes to
 /// stage t mod ST once the consumers have released the stage's previous tile: `tile(stage, j0, the pass's j_end,
-/// the stage's full barrier)`. Run by the one thread that
-/// issues TMA copies, or by every producer thread with cp.async.
+/// the stage's full barrier)`. Run by the one thread that issues TMA copies, or by every producer thread with
+/// cp.async.
 template <int ST, class J, class Head, class Tile>
 __device__ __forceinline__ void ws_produce(const WsBarriers<ST>& w, const KeyMask& mask, long i_begin, long i_end,
                                            int bc, Head&& head, Tile&& tile) {
