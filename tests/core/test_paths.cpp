@@ -76,14 +76,23 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     forwards.emplace_back(p, r);
   }
   EXPECT_FALSE(forwards.empty()) << "no tensor-core forward family ran";
-  // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false): by name of the FA2-layout
-  // family where the default takes the wgmma kernels (they are deterministic either way, the faster).
+  // dQ accumulated with atomics inside the dK/dV kernel (opts.deterministic = false): the wgmma dK/dV kernel
+  // where it runs, and the FA2-layout (or team) one by name.
   kfa::AttentionOptions nondet = opts;
   nondet.deterministic = false;
   nondet.path = kfa::TileProductPath::tensor_core;
-  const bool wgmma_bwd = kfa::plan_backward(Exec(), q, k, v, d_o, d_o, k, v, nondet).wgmma;
-  const Run<T> atomic = run_path(s, q, k, v, d_o, nondet,
-                                 wgmma_bwd ? kfa::TileProductPath::tensor_core_fa2 : kfa::TileProductPath::tensor_core);
+  const kfa::BackwardPlan nondet_plan = kfa::plan_backward(Exec(), q, k, v, d_o, d_o, k, v, nondet);
+  std::vector<std::pair<std::string, Run<T>>> atomics;
+  if (nondet_plan.wgmma) {
+    EXPECT_TRUE(nondet_plan.atomic_dq) << nondet_plan.region;
+    atomics.emplace_back("atomic wgmma", run_path(s, q, k, v, d_o, nondet, kfa::TileProductPath::tensor_core));
+  }
+  atomics.emplace_back("atomic", run_path(s, q, k, v, d_o, nondet,
+                                          nondet_plan.wgmma ? kfa::TileProductPath::tensor_core_fa2
+                                                            : kfa::TileProductPath::tensor_core));
+  kfa::AttentionOptions det = opts;
+  det.path = kfa::TileProductPath::tensor_core;
+  const bool wgmma_bwd = kfa::plan_backward(Exec(), q, k, v, d_o, d_o, k, v, det).wgmma;
   // The deterministic tensor-core backward again on the same inputs: bitwise the same gradients.
   const Run<T> again = run_path(s, q, k, v, d_o, opts, kfa::TileProductPath::tensor_core);
   // Where that backward's kernels are the wgmma ones, the FA2-layout (or older) ones by name too.
@@ -119,12 +128,14 @@ void check_paths_agree(const Shape& s, const RefOptions& ro) {
     EXPECT_TRUE(close_frobenius(to_doubles4(r.dk), to_doubles4(pt.dk), tol)) << "dk: tensor_core_fa2 vs portable";
     EXPECT_TRUE(close_frobenius(to_doubles4(r.dv), to_doubles4(pt.dv), tol)) << "dv: tensor_core_fa2 vs portable";
   }
-  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), dqr, tol)) << "atomic dq";
-  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), dkr, tol)) << "atomic dk";
-  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), dvr, tol)) << "atomic dv";
-  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), to_doubles4(pt.dq), tol)) << "dq: atomic vs portable";
-  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), to_doubles4(pt.dk), tol)) << "dk: atomic vs portable";
-  EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), to_doubles4(pt.dv), tol)) << "dv: atomic vs portable";
+  for (const auto& [name, atomic] : atomics) {
+    EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), dqr, tol)) << name << " dq";
+    EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), dkr, tol)) << name << " dk";
+    EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), dvr, tol)) << name << " dv";
+    EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dq), to_doubles4(pt.dq), tol)) << "dq: " << name << " vs portable";
+    EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dk), to_doubles4(pt.dk), tol)) << "dk: " << name << " vs portable";
+    EXPECT_TRUE(close_frobenius(to_doubles4(atomic.dv), to_doubles4(pt.dv), tol)) << "dv: " << name << " vs portable";
+  }
   EXPECT_TRUE(same_bits(tc.dq, again.dq)) << "deterministic dq run twice";
   EXPECT_TRUE(same_bits(tc.dk, again.dk)) << "deterministic dk run twice";
   EXPECT_TRUE(same_bits(tc.dv, again.dv)) << "deterministic dv run twice";

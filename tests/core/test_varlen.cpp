@@ -159,6 +159,16 @@ void check_varlen(const std::vector<int>& lq, const std::vector<int>& lk, int hq
     EXPECT_TRUE(close_frobenius(to_doubles4(p.dq), ref.dq, tol)) << "dq";
     EXPECT_TRUE(close_frobenius(to_doubles4(p.dk), ref.dk, tol)) << "dk";
     EXPECT_TRUE(close_frobenius(to_doubles4(p.dv), ref.dv, tol)) << "dv";
+    // deterministic = false where it changes the kernels (dQ accumulated with atomics in the dK/dV kernel)
+    opts.deterministic = false;
+    if (kfa::plan_backward_varlen(Exec(), p.p3(p.q), p.p3(p.k), p.p3(p.v), p.p3(p.d_o), p.p3(p.dq), p.p3(p.dk),
+                                  p.p3(p.dv), opts)
+            .atomic_dq) {
+      p.backward(opts);
+      EXPECT_TRUE(close_frobenius(to_doubles4(p.dq), ref.dq, tol)) << "atomic dq";
+      EXPECT_TRUE(close_frobenius(to_doubles4(p.dk), ref.dk, tol)) << "atomic dk";
+      EXPECT_TRUE(close_frobenius(to_doubles4(p.dv), ref.dv, tol)) << "atomic dv";
+    }
   }
   EXPECT_GE(ran, 2) << "automatic and portable always run";
 }

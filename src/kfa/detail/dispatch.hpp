@@ -66,6 +66,7 @@ std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
 /// take the wgmma kernels.
 template <class ExecSpace>
 bool tc_atomic_dq_pays(const ExecSpace& space, int d, bool wgmma_allowed) {
+  if (wgmma_allowed && wgmma_backward_problem(space, d, true).empty()) return true;
   return (d > 64 || !fa2_dq_problem(space, d).empty()) &&
          !(wgmma_allowed && wgmma_backward_problem(space, d, false).empty());
 }
@@ -115,17 +116,19 @@ template <int D, bool Softcap, bool FuseDq, class ExecSpace, class Args>
 void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, const TcBackwardKernels& kn) {
 #if KFA_HAS_TENSOR_CORES
   const auto& k = args.k;
-  if constexpr (!FuseDq && D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+  if constexpr (D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (kn.wgmma) {
-      using S = WgmmaBackwardShape<D>;
+      using S = WgmmaBackwardShape<D, FuseDq>;
       auto run = [&](auto tma) {  // the kernel loading by TMA where its descriptors are made, else by cp.async
-        using K1 = TcWgmmaDkDvKernel<D, Softcap, decltype(tma)::value, Args>;
-        K1 k1(args);
+        using K1 = TcWgmmaDkDvKernel<D, Softcap, decltype(tma)::value, FuseDq, Args>;
+        K1 k1(args, dq_acc);
         if (decltype(tma)::value && !k1.set_tma()) return false;
         const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
         checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
-        native_launch(space, "kfa::attention_backward::dkdv[tensor_core_wgmma]", &native_team_kernel<K1>, league,
-                      dim3(32, S::warps), S::smem, K1::MIN_BLOCKS, k1);
+        native_launch(space,
+                      FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core_wgmma]"
+                             : "kfa::attention_backward::dkdv[tensor_core_wgmma]",
+                      &native_team_kernel<K1>, league, dim3(32, S::warps), S::smem, K1::MIN_BLOCKS, k1);
         return true;
       };
       if (!run(std::true_type{})) run(std::false_type{});

@@ -75,16 +75,19 @@ __device__ __forceinline__ void pingpong_after_second(int wg) {
 /// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], `stages` stages of Q and dO [BQ][D]
 /// (16-bit, unpadded) and of the rows' lse and D (fp32), a "full" mbarrier per stage (TMA), and 1 KB to
 /// align the tiles to the swizzle's period (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or
-/// 32.5 KB). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t.
-template <int D>
+/// 32.5 KB). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t. Fused (dQ
+/// accumulated in the kernel): 32 KB more, dS [BQ][BK] of two steps as the A operand of dQ += dS·K.
+template <int D, bool Fused = false>
 struct WgmmaBackwardShape {
   static constexpr int warps = 8;      // two warpgroups
   static constexpr int block_k = 128;  // owned keys, 64 per warpgroup
   static constexpr int block_q = 64;   // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
   static constexpr int stages = 3;
-  static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;  // one Q or dO tile
+  static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;         // one Q or dO tile
+  static constexpr std::size_t tile_ds = static_cast<std::size_t>(block_q) * block_k * 2;  // one dS (Fused)
+  static constexpr std::size_t ds_bytes = Fused ? 2 * tile_ds : 0u;
   static constexpr std::size_t smem =
-      2u * block_k * D * 2 + stages * 2u * tile_q + stages * 2u * block_q * 4 + 8u * stages + 1024;
+      2u * block_k * D * 2 + stages * 2u * tile_q + ds_bytes + stages * 2u * block_q * 4 + 8u * stages + 1024;
   static_assert(D % 64 == 0 && D <= 128, "64-element panels; wgmma's n of dV and dK is D");
   static_assert(stages >= 2 && stages <= 4, "2 to 4 stages");
 };
@@ -92,7 +95,13 @@ struct WgmmaBackwardShape {
 #if KFA_HAS_TENSOR_CORES
 /// Tma: the tiles come by TMA (tma holds the descriptors), else by cp.async. A template parameter, not a
 /// flag: both paths in one body cost the d = 128 softcap instance 4 bytes of spill at 255 registers.
-template <int D, bool Softcap, bool Tma, class Args>
+/// Fused (AttentionOptions::deterministic = false): dQ too, FlashAttention-3's way. At step t each warpgroup
+/// stores its dSᵀ fragments transposed (stmatrix) as its 64-key panel of the dS [BQ][BK] tile t mod 2; in
+/// step t's second products it adds dS_{t−1}·K over all BK keys for its half of dQ's columns (wgmma, A = dS
+/// K-major, B = K read transposed; step t − 1's closing barrier made both panels visible), then adds that
+/// into `dq_acc` (fp32 [batch][seq_q][heads_q][D], zeroed; unscaled) with fp32 pair atomics; the block's last
+/// step is added after its loop. 5 tile products per step instead of the 7 of the two kernels, one kernel.
+template <int D, bool Softcap, bool Tma, bool Fused, class Args>
 struct TcWgmmaDkDvKernel {
   using QV = typename Args::q_type;
   using KV = typename Args::k_type;
@@ -103,7 +112,7 @@ struct TcWgmmaDkDvKernel {
   using DKV = typename Args::dk_type;
   using DVV = typename Args::dv_type;
   using T = typename QV::non_const_value_type;
-  using Shape = WgmmaBackwardShape<D>;
+  using Shape = WgmmaBackwardShape<D, Fused>;
   static constexpr int WARPS = Shape::warps, BK = Shape::block_k, BQ = Shape::block_q, NTH = 32 * WARPS;
   static constexpr int ST = Shape::stages;
   static constexpr int MIN_BLOCKS = 1;
@@ -120,9 +129,10 @@ struct TcWgmmaDkDvKernel {
   float scale;
   TcRecomputeConsts pc;
   KeyMask mask;
-  TmaMaps tma;  // Tma: q, dO (boxes of BQ rows), k, v (BK rows), made by set_tma
+  TmaMaps tma;    // Tma: q, dO (boxes of BQ rows), k, v (BK rows), made by set_tma
+  float* dq_acc;  // Fused
 
-  explicit TcWgmmaDkDvKernel(const Args& a)
+  explicit TcWgmmaDkDvKernel(const Args& a, float* dq_acc_ = nullptr)
       : q(a.q),
         k(a.k),
         v(a.v),
@@ -138,7 +148,8 @@ struct TcWgmmaDkDvKernel {
         n_kblocks((seq_k + BK - 1) / BK),
         scale(a.scale),
         pc(a.scale, a.softcap),
-        mask(a.mask) {}
+        mask(a.mask),
+        dq_acc(dq_acc_) {}
 
   /// Makes the TMA descriptors (the host, before the launch); false where the driver cannot (then the
   /// kernel with Tma = false runs).
@@ -147,6 +158,50 @@ struct TcWgmmaDkDvKernel {
                            tma_map_rows(tma, 3, v, BK));
     return tma.on != 0;
   }
+
+#if KFA_WGMMA_DEVICE
+  /// Fused: this warp's dSᵀ fragments (keys wk + 0..15 of the tile, wk = 64·wg + 16·(warp mod 4); queries
+  /// 16·kk + 0..15 in da[kk]) into the dS tile [BQ][BK] at ds (two 64-key panels, the 128-byte swizzle, as a
+  /// K-major A operand): matrix m of da[kk] holds keys wk + 8·(m mod 2) and queries 16·kk + 8·(m / 2), so
+  /// its transpose's row c is query 16·kk + 8·(m / 2) + c, 16 bytes at the key panel's chunk
+  /// 2·(warp mod 4) + m mod 2. The async proxy (wgmma) reads it after the next block-wide barrier.
+  __device__ static void store_ds(std::uint32_t ds, const std::uint32_t (&da)[BQ / 16][4], int wg, int warp, int lane) {
+    const int m = lane >> 3, c = lane & 7;
+    const int x = (warp & 3) * 2 + (m & 1);
+    const std::uint32_t panel = ds + static_cast<std::uint32_t>(wg * BQ * 128);
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; ++kk) {
+      const int row = kk * 16 + (m >> 1) * 8 + c;
+      tc::stmatrix_x4_trans(panel + static_cast<std::uint32_t>(row * 128 + ((x ^ (row & 7)) << 4)), da[kk]);
+    }
+    tc::fence_proxy_async();
+  }
+  /// Fused: acc = dS·K over the BK keys for dQ's columns D/2·wg .. D/2·wg + D/2 − 1 (issued, not committed):
+  /// A = the dS tile at ds (K-major, 64-key panels), B = K read transposed (keys are the K dimension; the
+  /// columns start inside a 64-element panel at d = 64).
+  __device__ static void issue_dq(float (&acc)[D / 16][4], std::uint32_t ds, std::uint32_t ks, int wg) {
+    constexpr int half = D / 2;
+    const std::uint32_t b0 = ks + static_cast<std::uint32_t>((wg * half / 64) * BK * 128 + (wg * half % 64) * 2);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      tc::wgmma_ss<half, T, true>(acc, tc::wgmma_desc(ds + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16, 1024),
+                                  tc::wgmma_desc(b0 + kk * 16 * 128, BK * 128, 1024), kk);
+  }
+  /// Fused: dq_acc[b][i0 + r][hq][D/2·wg + ..] += acc for this warp's rows r < rows (fp32 pairs, atomics).
+  __device__ void add_dq(const float (&acc)[D / 16][4], int b, int hq, long i0, int rows, int wg, int warp, int g,
+                         int t4) const {
+    const long heads_q = static_cast<long>(heads_kv) * group;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (warp & 3) * 16 + g + h * 8;
+      if (r >= rows) continue;
+      float* dst = dq_acc + ((static_cast<long>(b) * seq_q + i0 + r) * heads_q + hq) * D + wg * (D / 2) + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n)
+        atomicAdd(reinterpret_cast<float2*>(dst + n * 8), make_float2(acc[n][2 * h], acc[n][2 * h + 1]));
+    }
+  }
+#endif
 
   /// The body of block `lr` (native_team_kernel), with Shape::smem bytes of shared memory at smem.
   __device__ void run(int lr, char* smem) const {
@@ -159,17 +214,18 @@ struct TcWgmmaDkDvKernel {
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
 
-    // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, then [stage][lse | D] rows. Tiles start at a
-    // multiple of 1024 B: the swizzle is a function of the address bits.
+    // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, (Fused) dS, then [stage][lse | D] rows. Tiles
+    // start at a multiple of 1024 B: the swizzle is a function of the address bits.
     const std::uint32_t base = tc::smem_addr(smem);
     const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + BK * D * 2, stage0 = vs + BK * D * 2;
     constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
-    float* rows_s = reinterpret_cast<float*>(smem + (stage0 + ST * 2 * tile_q - base));
+    const std::uint32_t ds_s = stage0 + ST * 2 * tile_q, rows0 = ds_s + static_cast<std::uint32_t>(Shape::ds_bytes);
+    float* rows_s = reinterpret_cast<float*>(smem + (rows0 - base));
     // With TMA thread 0 issues each stage's Q and dO tiles (and K, V with stage 0's) as whole tiles that
     // complete the stage's full mbarrier, which every thread waits on instead of its cp.async groups and the
     // step's first __syncthreads; else every thread issues cp.async.
     constexpr bool use_tma = Tma;
-    const std::uint32_t full0 = stage0 + ST * 2 * tile_q + ST * 2 * BQ * 4;
+    const std::uint32_t full0 = rows0 + ST * 2 * BQ * 4;
     auto full = [&](int st) { return full0 + 8u * static_cast<std::uint32_t>(st); };
 
     KeyRule mask;  // the pass's: one per document the block's keys meet (one without documents)
@@ -229,6 +285,17 @@ struct TcWgmmaDkDvKernel {
     // ((done + s) / ST)-th use; K and V ride with the first pass's first step.
     int done = 0;
     bool kv_in = false;
+    // Fused: the previous step's rows (rows 0: none). The dS tiles start zeroed: the first step's dQ product
+    // reads one before any step wrote it (its result is dropped).
+    [[maybe_unused]] struct {
+      long i0;
+      int rows, hq;
+    } prev = {0, 0, 0};
+    if constexpr (Fused) {
+      uint4* ds_p = reinterpret_cast<uint4*>(smem + (ds_s - base));
+      for (int i = tid; i < static_cast<int>(Shape::ds_bytes / 16); i += NTH) ds_p[i] = make_uint4(0u, 0u, 0u, 0u);
+      tc::fence_proxy_async();  // before the wgmma reads, after the first block-wide barrier
+    }
     const DocumentSpan span = this->mask.documents_of_keys(k0, k0 + keys);
     for (int doc = span.first; doc < span.last; ++doc) {
       mask = this->mask.rule(doc);
@@ -356,9 +423,14 @@ struct TcWgmmaDkDvKernel {
           p_ds_pass(std::true_type{});
         else
           p_ds_pass(std::false_type{});
+        [[maybe_unused]] const std::uint32_t ds_t =
+            ds_s + static_cast<std::uint32_t>(((done + step) & 1) * Shape::tile_ds);
+        if constexpr (Fused) store_ds(ds_t, da, wg, warp, lane);
 
         // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
-        // dimension): 16 query rows per step, 64-element panels BQ rows apart.
+        // dimension): 16 query rows per step, 64-element panels BQ rows apart. Fused: the previous step's
+        // dQ += dS·K in the same group (its accumulator lives from here to the atomics).
+        [[maybe_unused]] float dqa[Fused ? D / 16 : 1][4];
         tc::pingpong_before_second(wg);
         tc::wgmma_fence();  // pa and da were written by ordinary instructions
 #pragma unroll
@@ -367,11 +439,19 @@ struct TcWgmmaDkDvKernel {
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
           tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
+        // (issued at the block's first step too, where its result is unused: a conditional wgmma in the group
+        // makes ptxas serialize the warpgroup around it)
+        if constexpr (Fused) issue_dq(dqa, ds_s + (ds_t == ds_s ? Shape::tile_ds : 0u), ks, wg);
         tc::wgmma_commit();
         tc::pingpong_after_second(wg);
         tc::wgmma_wait_all();
         tc::wgmma_hold(dva);
         tc::wgmma_hold(dka);
+        if constexpr (Fused) {
+          tc::wgmma_hold(dqa);
+          if (prev.rows > 0) add_dq(dqa, b, prev.hq, prev.i0, prev.rows, wg, warp, g, t4);
+          prev = {i0, rows, hk * group + step / n_qt};
+        }
         if (next && tid < BQ) {  // stage nst's rows were last read in the previous step
           float* nr = rows_s + nst * 2 * BQ;
           nr[tid] = next_l2, nr[BQ + tid] = next_d;
@@ -383,6 +463,17 @@ struct TcWgmmaDkDvKernel {
       done += steps;
     }
     tc::cp_async_wait_all();
+    if constexpr (Fused) {  // the last step's dQ (its closing barrier made dS visible)
+      if (prev.rows > 0) {
+        float dqa[D / 16][4];
+        tc::wgmma_fence();
+        issue_dq(dqa, ds_s + ((done - 1) & 1) * static_cast<std::uint32_t>(Shape::tile_ds), ks, wg);
+        tc::wgmma_commit();
+        tc::wgmma_wait_all();
+        tc::wgmma_hold(dqa);
+        add_dq(dqa, b, prev.hq, prev.i0, prev.rows, wg, warp, g, t4);
+      }
+    }
 
     const int r0 = k0 + kr0, r1 = r0 + 8;
     tc::store_c_rows<D, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, 0) : nullptr,
@@ -672,11 +763,11 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
 template <class ExecSpace>
 std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma backward");
-  if (fused) return "opts.deterministic = false (dQ is then fused into the FA2-layout dK/dV kernel)";
   if (!wgmma_head_dim_supported(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64 and 128)";
-  const std::size_t smem = d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaWsDqShape<64>::smem)
-                                   : std::max(WgmmaBackwardShape<128>::smem, WgmmaWsDqShape<128>::smem);
+  const std::size_t smem = fused ? (d == 64 ? WgmmaBackwardShape<64, true>::smem : WgmmaBackwardShape<128, true>::smem)
+                                 : (d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaWsDqShape<64>::smem)
+                                            : std::max(WgmmaBackwardShape<128>::smem, WgmmaWsDqShape<128>::smem));
   return wgmma_device_problem(space, smem, "the wgmma backward");
 }
 

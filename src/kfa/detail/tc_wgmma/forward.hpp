@@ -93,6 +93,7 @@ inline bool wgmma_ws_forward(int d, bool softcap) {
 namespace tc {
 // Operand lists of the wgmma wrappers: the accumulator d[n/8][4] (the m16n8 C layout per warp) as
 // n/2 "+f" registers.
+#define KFA_WG_REGS_32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define KFA_WG_REGS_64                                                             \
   "{"                                                                              \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
@@ -105,6 +106,10 @@ namespace tc {
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"   \
   "}"
+#define KFA_WG_OPS_32                                                                                          \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3])
 #define KFA_WG_OPS_64                                                                                          \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
       "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
@@ -117,10 +122,11 @@ namespace tc {
       "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), \
       "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-// D = A·B (+ D where the scale_d operand is non-zero); A and B from shared memory (descriptors).
-#define KFA_WG_SS(N, TY, REGS, A, B, S)                                                                            \
+// D = A·B (+ D where the scale_d operand is non-zero); A and B from shared memory (descriptors); A K-major,
+// B K-major (operand TB 0) or read transposed (1: MN-major).
+#define KFA_WG_SS(N, TY, REGS, A, B, S, TB)                                                                        \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS \
-  ", %" A ", %" B ", p, 1, 1, 0, 0;\n}\n"
+  ", %" A ", %" B ", p, 1, 1, 0, %" TB ";\n}\n"
 // D += A·B with A from registers (a0..a3) and B from shared memory read transposed (MN-major).
 #define KFA_WG_RS(N, TY, REGS, A0, A1, A2, A3, B, S)                                                               \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" S ", 0;\nwgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " REGS \
@@ -150,6 +156,15 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+/// Stores four 8 × 8 16-bit matrices transposed (stmatrix, sm_90): r[m] is this thread's pair of matrix m in the
+/// mma.sync C/A layout (row lane / 4, columns 2·(lane mod 4) + {0, 1}); lane 8m + c names where row c of the
+/// transpose (column c of matrix m) goes, 16 contiguous bytes.
+__device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t addr, const std::uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 /// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
 /// K-major operands (rows of a panel along the instruction's K): the stride offset is the 1024 B between
 /// groups of 8 rows and the leading one is unused. MN-major (V): leading = between 64-element panels of
@@ -159,29 +174,39 @@ __device__ __forceinline__ std::uint64_t wgmma_desc(std::uint32_t addr, std::uin
          (static_cast<std::uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
 
-/// d (64 × N per warpgroup) = A·B, or += where scale_d ≠ 0.
-template <int N, class T>
+/// d (64 × N per warpgroup) = A·B, or += where scale_d ≠ 0; TransB: B read transposed (MN-major, as V).
+template <int N, class T, bool TransB = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, int scale_d) {
   constexpr bool bf = std::is_same<T, compat::bhalf_t>::value;
-  if constexpr (N == 64) {
+  constexpr int tb = TransB ? 1 : 0;
+  if constexpr (N == 32) {
     if constexpr (bf)
-      asm volatile(KFA_WG_SS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34")
-                   : KFA_WG_OPS_64
-                   : "l"(a), "l"(b), "r"(scale_d));
+      asm volatile(KFA_WG_SS("32", "bf16", KFA_WG_REGS_32, "16", "17", "18", "19")
+                   : KFA_WG_OPS_32
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
     else
-      asm volatile(KFA_WG_SS("64", "f16", KFA_WG_REGS_64, "32", "33", "34")
+      asm volatile(KFA_WG_SS("32", "f16", KFA_WG_REGS_32, "16", "17", "18", "19")
+                   : KFA_WG_OPS_32
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
+  } else if constexpr (N == 64) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_SS("64", "bf16", KFA_WG_REGS_64, "32", "33", "34", "35")
                    : KFA_WG_OPS_64
-                   : "l"(a), "l"(b), "r"(scale_d));
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
+    else
+      asm volatile(KFA_WG_SS("64", "f16", KFA_WG_REGS_64, "32", "33", "34", "35")
+                   : KFA_WG_OPS_64
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
   } else {
-    static_assert(N == 128, "n = 64 or 128");
+    static_assert(N == 128, "n = 32, 64 or 128");
     if constexpr (bf)
-      asm volatile(KFA_WG_SS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66")
+      asm volatile(KFA_WG_SS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66", "67")
                    : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
-                   : "l"(a), "l"(b), "r"(scale_d));
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
     else
-      asm volatile(KFA_WG_SS("128", "f16", KFA_WG_REGS_128, "64", "65", "66")
+      asm volatile(KFA_WG_SS("128", "f16", KFA_WG_REGS_128, "64", "65", "66", "67")
                    : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
-                   : "l"(a), "l"(b), "r"(scale_d));
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
   }
 }
 
@@ -211,8 +236,10 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
   }
 }
+#undef KFA_WG_REGS_32
 #undef KFA_WG_REGS_64
 #undef KFA_WG_REGS_128
+#undef KFA_WG_OPS_32
 #undef KFA_WG_OPS_64
 #undef KFA_WG_OPS_128_HI
 #undef KFA_WG_SS
