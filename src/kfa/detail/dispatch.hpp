@@ -58,17 +58,18 @@ std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
   return why;
 }
 
-/// Whether deterministic = false fuses dQ into the dK/dV kernel with atomics at head dim d on `space`: not
-/// at d = 64 where the FA2-layout dQ kernel runs, because there the two-kernel backward (no atomics) was
-/// measured faster (H200, bf16, forward+backward 0.82-0.86x torch's flash against 0.75-0.81x with atomic
-/// dQ), and not where the wgmma backward runs (two kernels, no atomics): at d = 128 forward+backward ran
-/// 236-296 TF/s with atomic dQ against 298-370 deterministic (H200, bf16). `wgmma_allowed`: opts.path lets the backward
+/// Whether deterministic = false fuses dQ into the dK/dV kernel at head dim d on `space`. Where the wgmma
+/// backward runs: at d = 64 (its dK/dV kernel with dQ reduced in fp32, 1.03-1.08x forward+backward against its
+/// two deterministic kernels; H100, bf16, N 8192/16384, kfa vs kfa in one run), not at d = 128 (0.98-1.05x:
+/// the fp32 reductions' traffic, not the product, is the cost). Elsewhere: not at d = 64 where the FA2-layout
+/// dQ kernel runs, because there the two-kernel backward was measured faster (H200, bf16, forward+backward
+/// 0.82-0.86x torch's flash against 0.75-0.81x with atomic dQ). `wgmma_allowed`: opts.path lets the backward
 /// take the wgmma kernels.
 template <class ExecSpace>
 bool tc_atomic_dq_pays(const ExecSpace& space, int d, bool wgmma_allowed) {
-  if (wgmma_allowed && wgmma_backward_problem(space, d, true).empty()) return true;
-  return (d > 64 || !fa2_dq_problem(space, d).empty()) &&
-         !(wgmma_allowed && wgmma_backward_problem(space, d, false).empty());
+  if (wgmma_allowed && wgmma_backward_problem(space, d, false).empty())
+    return wgmma_backward_problem(space, d, true).empty();  // d = 64
+  return d > 64 || !fa2_dq_problem(space, d).empty();
 }
 
 /// Tiles of the tensor-core backward; `fused`: dK/dV with dQ fused in (its dq tiles are then unused);
@@ -116,7 +117,7 @@ template <int D, bool Softcap, bool FuseDq, class ExecSpace, class Args>
 void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, const TcBackwardKernels& kn) {
 #if KFA_HAS_TENSOR_CORES
   const auto& k = args.k;
-  if constexpr (D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+  if constexpr (D % 64 == 0 && D <= 128 && (!FuseDq || D == 64) && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (kn.wgmma) {
       using S = WgmmaBackwardShape<D, FuseDq>;
       auto run = [&](auto tma) {  // the kernel loading by TMA where its descriptors are made, else by cp.async
@@ -200,9 +201,21 @@ void tc_backward_launch_d(const ExecSpace& space, const Args& args, const TcBack
     Kokkos::View<float*, typename ExecSpace::memory_space> acc(
         Kokkos::view_alloc(space, "kfa::attention_backward::dq_accumulator"), n);  // zeroed on `space`
     if (k.extent(1) > 0) tc_dkdv_launch<D, Softcap, true>(space, args, acc.data(), kn);
-    // dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), one warp per row.
     const float* a = acc.data();
     const std::int64_t seq_q = static_cast<std::int64_t>(q.extent(1)), heads_q = static_cast<std::int64_t>(q.extent(2));
+    if constexpr (D == 64) {
+      if (kn.wgmma) {  // dq = scale · acc in the wgmma kernel's layout (wgmma_dq_index)
+        for_each_element4(
+            "kfa::attention_backward::dq_from_accumulator", space, dq,
+            KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const std::int64_t c) {
+              const int half = static_cast<int>(c) / (D / 2), col = static_cast<int>(c) % (D / 2);
+              dq(b, i, h, c) = static_cast<typename DQV::non_const_value_type>(
+                  a[wgmma_dq_index<D>(b, h, half, i, heads_q, seq_q) + wgmma_dq_column<D>(i, col)] * scale);
+            });
+        return;
+      }
+    }
+    // dq = scale · acc (acc: fp32 [batch][seq_q][heads_q][D], contiguous), one warp per row.
     for_each_element4(
         "kfa::attention_backward::dq_from_accumulator", space, dq,
         KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t i, const std::int64_t h, const std::int64_t c) {

@@ -105,6 +105,24 @@ __device__ __forceinline__ void tma_rows(std::uint32_t dst, const TmaMaps& t, in
         "l"(map), "r"(p * 64), "r"(c1), "r"(c2), "r"(b), "r"(bar)
         : "memory");
 }
+/// Adds `bytes` (a multiple of 16) of fp32 at src (shared, 16-byte aligned) into dst (global, 16-byte aligned)
+/// element by element, as one bulk asynchronous reduction of this thread's current bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, std::uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/// Waits until this thread's bulk groups have read their shared-memory sources (Read) or completed.
+template <bool Read>
+__device__ __forceinline__ void bulk_wait() {
+  if constexpr (Read)
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 }  // namespace tc
 #endif
 #endif  // KFA_HAS_TENSOR_CORES

@@ -76,7 +76,8 @@ __device__ __forceinline__ void pingpong_after_second(int wg) {
 /// (16-bit, unpadded) and of the rows' lse and D (fp32), a "full" mbarrier per stage (TMA), and 1 KB to
 /// align the tiles to the swizzle's period (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or
 /// 32.5 KB). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t. Fused (dQ
-/// accumulated in the kernel): 32 KB more, dS [BQ][BK] of two steps as the A operand of dQ += dS·K.
+/// accumulated in the kernel): dS [BQ][BK] of two steps as the A operand of dQ += dS·K and a step's dQ [BQ][D]
+/// in fp32 (d = 128: 64 KB more, 227 KB in all).
 template <int D, bool Fused = false>
 struct WgmmaBackwardShape {
   static constexpr int warps = 8;      // two warpgroups
@@ -86,11 +87,25 @@ struct WgmmaBackwardShape {
   static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;         // one Q or dO tile
   static constexpr std::size_t tile_ds = static_cast<std::size_t>(block_q) * block_k * 2;  // one dS (Fused)
   static constexpr std::size_t ds_bytes = Fused ? 2 * tile_ds : 0u;
-  static constexpr std::size_t smem =
-      2u * block_k * D * 2 + stages * 2u * tile_q + ds_bytes + stages * 2u * block_q * 4 + 8u * stages + 1024;
+  static constexpr std::size_t dq_bytes = Fused ? static_cast<std::size_t>(block_q) * D * 4 : 0u;
+  static constexpr std::size_t smem = 2u * block_k * D * 2 + stages * 2u * tile_q + ds_bytes + dq_bytes +
+                                      stages * 2u * block_q * 4 + 8u * stages + 1024;
   static_assert(D % 64 == 0 && D <= 128, "64-element panels; wgmma's n of dV and dK is D");
   static_assert(stages >= 2 && stages <= 4, "2 to 4 stages");
 };
+
+/// Where the fused wgmma dK/dV kernel accumulates dQ[b][i][h][c] (fp32, unscaled): [batch][heads_q][2][seq_q][D/2]
+/// (a warpgroup's half of the columns of consecutive rows is one contiguous block, reduced at once), the
+/// float pairs of a row XOR-swizzled by the row (so the shared-memory tile it is written from has 2-way bank
+/// conflicts at most, not 8). wgmma_dq_index(b, h, half, i, ...) + the swizzled column = the element.
+template <int D>
+KOKKOS_INLINE_FUNCTION long wgmma_dq_index(long b, long h, int half, long i, long heads_q, long seq_q) {
+  return (((b * heads_q + h) * 2 + half) * seq_q + i) * (D / 2);
+}
+template <int D>
+KOKKOS_INLINE_FUNCTION long wgmma_dq_column(long i, int c) {  // c in [0, D/2)
+  return 2 * ((c >> 1) ^ (static_cast<int>(i & (D / 16 - 1)) << 2)) + (c & 1);
+}
 
 #if KFA_HAS_TENSOR_CORES
 /// Tma: the tiles come by TMA (tma holds the descriptors), else by cp.async. A template parameter, not a
@@ -98,9 +113,10 @@ struct WgmmaBackwardShape {
 /// Fused (AttentionOptions::deterministic = false): dQ too, FlashAttention-3's way. At step t each warpgroup
 /// stores its dSᵀ fragments transposed (stmatrix) as its 64-key panel of the dS [BQ][BK] tile t mod 2; in
 /// step t's second products it adds dS_{t−1}·K over all BK keys for its half of dQ's columns (wgmma, A = dS
-/// K-major, B = K read transposed; step t − 1's closing barrier made both panels visible), then adds that
-/// into `dq_acc` (fp32 [batch][seq_q][heads_q][D], zeroed; unscaled) with fp32 pair atomics; the block's last
-/// step is added after its loop. 5 tile products per step instead of the 7 of the two kernels, one kernel.
+/// K-major, B = K read transposed; step t − 1's closing barrier made both panels visible), writes it to shared
+/// memory and one thread adds the rows into `dq_acc` with one bulk asynchronous reduction (wgmma_dq_index
+/// gives the layout); the block's last step is added after its loop. 5 tile products per step instead of the
+/// 7 of the two kernels, one kernel.
 template <int D, bool Softcap, bool Tma, bool Fused, class Args>
 struct TcWgmmaDkDvKernel {
   using QV = typename Args::q_type;
@@ -187,19 +203,41 @@ struct TcWgmmaDkDvKernel {
       tc::wgmma_ss<half, T, true>(acc, tc::wgmma_desc(ds + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16, 1024),
                                   tc::wgmma_desc(b0 + kk * 16 * 128, BK * 128, 1024), kk);
   }
-  /// Fused: dq_acc[b][i0 + r][hq][D/2·wg + ..] += acc for this warp's rows r < rows (fp32 pairs, atomics).
-  __device__ void add_dq(const float (&acc)[D / 16][4], int b, int hq, long i0, int rows, int wg, int warp, int g,
-                         int t4) const {
-    const long heads_q = static_cast<long>(heads_kv) * group;
+  /// Fused: dq_acc += acc for this warpgroup's half of the columns of rows i0 .. i0 + rows − 1 of head hq:
+  /// the warpgroup writes acc into its [BQ][D/2] fp32 tile at dq (columns swizzled per row as in dq_acc),
+  /// then its first thread reduces the rows' contiguous block into dq_acc; that thread first waits until
+  /// its previous reduction has read the tile (named barrier 3 + wg orders the warpgroup around both).
+  __device__ void reduce_dq(const float (&acc)[D / 16][4], std::uint32_t dq, int b, int hq, long i0, int rows, int wg,
+                            int warp, int lane) const {
+    const bool first = (warp & 3) == 0 && lane == 0;
+    if (first) tc::bulk_wait<true>();
+    wg_sync(wg);
+    const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = (warp & 3) * 16 + g + h * 8;
-      if (r >= rows) continue;
-      float* dst = dq_acc + ((static_cast<long>(b) * seq_q + i0 + r) * heads_q + hq) * D + wg * (D / 2) + 2 * t4;
+      const int sw = static_cast<int>((i0 + r) & (D / 16 - 1)) << 2;
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n)
-        atomicAdd(reinterpret_cast<float2*>(dst + n * 8), make_float2(acc[n][2 * h], acc[n][2 * h + 1]));
+      for (int n = 0; n < D / 16; ++n) {
+        const std::uint32_t at = dq + static_cast<std::uint32_t>((r * (D / 2) + 2 * ((4 * n + t4) ^ sw)) * 4);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[n][2 * h]), "f"(acc[n][2 * h + 1])
+                     : "memory");
+      }
     }
+    tc::fence_proxy_async();
+    wg_sync(wg);
+    if (first) {
+      const long heads_q = static_cast<long>(heads_kv) * group;
+      tc::bulk_reduce_add_f32(dq_acc + wgmma_dq_index<D>(b, hq, wg, i0, heads_q, seq_q), dq,
+                              static_cast<std::uint32_t>(rows * (D / 2) * 4));
+      tc::bulk_commit();
+    }
+  }
+  __device__ static void wg_sync(int wg) {
+    if (wg == 0)
+      tc::named_sync<3>(128);
+    else
+      tc::named_sync<4>(128);
   }
 #endif
 
@@ -219,7 +257,9 @@ struct TcWgmmaDkDvKernel {
     const std::uint32_t base = tc::smem_addr(smem);
     const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + BK * D * 2, stage0 = vs + BK * D * 2;
     constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
-    const std::uint32_t ds_s = stage0 + ST * 2 * tile_q, rows0 = ds_s + static_cast<std::uint32_t>(Shape::ds_bytes);
+    const std::uint32_t ds_s = stage0 + ST * 2 * tile_q, dq_s = ds_s + static_cast<std::uint32_t>(Shape::ds_bytes);
+    const std::uint32_t rows0 = dq_s + static_cast<std::uint32_t>(Shape::dq_bytes);
+    [[maybe_unused]] const std::uint32_t dq_wg = dq_s + static_cast<std::uint32_t>(wg * BQ * (D / 2) * 4);
     float* rows_s = reinterpret_cast<float*>(smem + (rows0 - base));
     // With TMA thread 0 issues each stage's Q and dO tiles (and K, V with stage 0's) as whole tiles that
     // complete the stage's full mbarrier, which every thread waits on instead of its cp.async groups and the
@@ -429,29 +469,32 @@ struct TcWgmmaDkDvKernel {
 
         // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
         // dimension): 16 query rows per step, 64-element panels BQ rows apart. Fused: the previous step's
-        // dQ += dS·K in the same group (its accumulator lives from here to the atomics).
+        // dQ += dS·K too (its accumulator lives from here to its reduction; issued at the block's first step
+        // too, where its result is unused: a conditional wgmma makes ptxas serialize the warpgroup around it).
         [[maybe_unused]] float dqa[Fused ? D / 16 : 1][4];
         tc::pingpong_before_second(wg);
-        tc::wgmma_fence();  // pa and da were written by ordinary instructions
+        tc::wgmma_fence();      // pa and da were written by ordinary instructions
+        if constexpr (Fused) {  // a group of its own, first: its reduction then overlaps dV's and dK's products
+          issue_dq(dqa, ds_s + (ds_t == ds_s ? Shape::tile_ds : 0u), ks, wg);
+          tc::wgmma_commit();
+        }
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
           tc::wgmma_rs<D, T>(dva, pa[kk], tc::wgmma_desc(dos + kk * 16 * 128, BQ * 128, 1024));
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
           tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
-        // (issued at the block's first step too, where its result is unused: a conditional wgmma in the group
-        // makes ptxas serialize the warpgroup around it)
-        if constexpr (Fused) issue_dq(dqa, ds_s + (ds_t == ds_s ? Shape::tile_ds : 0u), ks, wg);
         tc::wgmma_commit();
         tc::pingpong_after_second(wg);
+        if constexpr (Fused) {
+          tc::wgmma_wait<1>();  // dQ's product
+          tc::wgmma_hold(dqa);
+          if (prev.rows > 0) reduce_dq(dqa, dq_wg, b, prev.hq, prev.i0, prev.rows, wg, warp, lane);
+          prev = {i0, rows, hk * group + step / n_qt};
+        }
         tc::wgmma_wait_all();
         tc::wgmma_hold(dva);
         tc::wgmma_hold(dka);
-        if constexpr (Fused) {
-          tc::wgmma_hold(dqa);
-          if (prev.rows > 0) add_dq(dqa, b, prev.hq, prev.i0, prev.rows, wg, warp, g, t4);
-          prev = {i0, rows, hk * group + step / n_qt};
-        }
         if (next && tid < BQ) {  // stage nst's rows were last read in the previous step
           float* nr = rows_s + nst * 2 * BQ;
           nr[tid] = next_l2, nr[BQ + tid] = next_d;
@@ -471,8 +514,9 @@ struct TcWgmmaDkDvKernel {
         tc::wgmma_commit();
         tc::wgmma_wait_all();
         tc::wgmma_hold(dqa);
-        add_dq(dqa, b, prev.hq, prev.i0, prev.rows, wg, warp, g, t4);
+        reduce_dq(dqa, dq_wg, b, prev.hq, prev.i0, prev.rows, wg, warp, lane);
       }
+      if ((warp & 3) == 0 && lane == 0) tc::bulk_wait<false>();  // the reductions are done before the block ends
     }
 
     const int r0 = k0 + kr0, r1 = r0 + 8;
@@ -765,9 +809,13 @@ std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma backward");
   if (!wgmma_head_dim_supported(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64 and 128)";
-  const std::size_t smem = fused ? (d == 64 ? WgmmaBackwardShape<64, true>::smem : WgmmaBackwardShape<128, true>::smem)
-                                 : (d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaWsDqShape<64>::smem)
-                                            : std::max(WgmmaBackwardShape<128>::smem, WgmmaWsDqShape<128>::smem));
+  if (fused && d != 64)
+    return "opts.deterministic = false at head_dim = " + std::to_string(d) +
+           " (the wgmma dK/dV kernel fuses dQ at 64 only; at 128 that was no faster than its two deterministic "
+           "kernels)";
+  const std::size_t smem = fused     ? WgmmaBackwardShape<64, true>::smem
+                           : d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaWsDqShape<64>::smem)
+                                     : std::max(WgmmaBackwardShape<128>::smem, WgmmaWsDqShape<128>::smem);
   return wgmma_device_problem(space, smem, "the wgmma backward");
 }
 
