@@ -75,8 +75,8 @@ BackwardPlan plan_backward(const ExecSpace& space, const QV& q, const KV& k, con
 /// [batch, seq_k, heads_kv, d] (outputs, overwritten) from q, k, v, the forward's o and lse, and d_o
 /// (like q). Same options as the forward call that produced o and lse. Deterministic by default: no
 /// atomics; dK and dV of a shared KV head are summed over its query heads in a fixed order; allocates only
-/// D = rowsum(dO ∘ O) [batch, heads_q, seq_q]. With opts.deterministic = false the tensor-core family
-/// accumulates dq with atomics (faster; see AttentionOptions::deterministic). Asynchronous on `space`.
+/// D = rowsum(dO ∘ O) [batch, heads_q, seq_q]. With opts.deterministic = false the tensor-core family may
+/// accumulate dq in any order (where faster; see AttentionOptions::deterministic). Asynchronous on `space`.
 template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
 void attention_backward(const ExecSpace& space, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,
                         const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts = {}) {

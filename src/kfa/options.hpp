@@ -53,12 +53,12 @@ struct AttentionOptions {
   /// Tile-product implementation.
   TileProductPath path = TileProductPath::automatic;
   /// Backward only. true (default): bitwise reproducible — no atomics, a separate dQ kernel recomputes
-  /// S and dP. false lets the tensor-core backward accumulate dQ inside its dK/dV kernel with fp32 atomic
-  /// adds (FlashAttention-2's way: 5 tile products instead of 7, plus a zeroed fp32 dQ buffer of
-  /// batch · seq_q · heads_q · head_dim floats allocated per call) where that is the faster of the two
-  /// (head dims above 64, and not where the wgmma backward runs, whose two deterministic kernels are the
-  /// faster; BackwardPlan::atomic_dq says which runs); the summation order then varies from
-  /// run to run, so dq may differ in its last bits. The other families are deterministic either way.
+  /// S and dP. false lets the tensor-core backward accumulate dQ inside its dK/dV kernel in fp32 (5 tile
+  /// products instead of 7, plus a zeroed fp32 dQ buffer of batch · seq_q · heads_q · head_dim floats
+  /// allocated per call) where that is the faster of the two: the wgmma backward at head dim 64 (bulk
+  /// asynchronous reductions), the FA2-layout backward at head dims above 64 where wgmma does not run
+  /// (atomic adds); BackwardPlan::atomic_dq says which runs. The summation order then varies from run to
+  /// run, so dq may differ in its last bits. The other families are deterministic either way.
   bool deterministic = true;
 };
 

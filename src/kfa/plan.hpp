@@ -22,9 +22,9 @@ struct BackwardPlan {
   TileProductPath family;
   BackwardTileConfig tiles;  ///< with atomic_dq only tiles.dkdv is used
   std::string region;
-  /// dQ accumulated with atomic adds inside the dK/dV kernel (opts.deterministic = false and the
-  /// tensor-core family); otherwise no atomics (a separate dQ kernel, or dq_in_dkdv on host), bitwise
-  /// reproducible.
+  /// dQ accumulated in fp32 inside the dK/dV kernel by atomic adds or bulk reductions, in any order
+  /// (opts.deterministic = false and the tensor-core family, where faster); otherwise no atomics (a separate
+  /// dQ kernel, or dq_in_dkdv on host), bitwise reproducible.
   bool atomic_dq = false;
   /// dQ computed in the dK/dV pass, no dQ kernel of its own: with atomic_dq, and in the portable family on
   /// host backends (each team's dQ into a workspace slice of its own, the slices summed in a fixed order, so
@@ -33,8 +33,9 @@ struct BackwardPlan {
   /// With dq_in_dkdv on host: the teams (chunks of key blocks) per (batch, kv head), each with a dQ workspace
   /// slice (tiling.hpp, host_backward_chunks); 0 otherwise.
   int dq_chunks = 0;
-  /// dK, dV and dQ from the wgmma kernels (tensor-core family, deterministic, head dim 64 or 128, sm_90a on a
-  /// compute capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma); otherwise the
+  /// dK, dV and dQ from the wgmma kernels (tensor-core family, head dim 64 or 128, sm_90a on a compute
+  /// capability 9.0 device; opts.path automatic, tensor_core or tensor_core_wgmma; with atomic_dq one
+  /// kernel, at head dim 64); otherwise the
   /// FA2-layout or the 16-keys-per-warp dK/dV kernel and the FA2-layout or TcDqKernel dQ kernel.
   bool wgmma = false;
   /// Where neither wgmma: the FA2-layout dK/dV kernel (else the 16-keys-per-warp one) and the FA2-layout dQ

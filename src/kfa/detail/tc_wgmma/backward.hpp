@@ -20,7 +20,8 @@
 /// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name.
 /// dQ comes from a second kernel here, the wgmma forward's layout with the dQ kernel's recomputation, warp-
 /// specialized (tc_wgmma_ws_dq_kernel: a producer warpgroup and 4 stages of 64-key K/V tiles loaded by TMA,
-/// as the warp-specialized forward).
+/// as the warp-specialized forward). With deterministic = false at d = 64 the dK/dV kernel computes dQ too
+/// and adds it into an fp32 workspace by bulk asynchronous reductions (TcWgmmaDkDvKernel, Fused).
 ///
 /// Both need the sm_90a image as the wgmma forward does (wgmma_loaded); every other image has a trapping body.
 #include <kfa/detail/common/recompute.hpp>  // recompute_lse
