@@ -620,7 +620,9 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     EXPECT_EQ(b6.atomic_dq,
               b6.family == P::tensor_core && (b6.wgmma || !kfa::detail::fa2_dq_problem(Exec(), 64).empty()))
         << b6.region;
-    EXPECT_EQ(b6.wgmma, kfa::detail::wgmma_backward_why_not(Exec(), 64, true, nondet).empty()) << b6.region;
+    EXPECT_EQ(b6.wgmma,
+              b6.family == P::tensor_core && kfa::detail::wgmma_backward_why_not(Exec(), 64, true, nondet).empty())
+        << b6.region;
   }
   nondet.path = P::portable;
   EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, nondet).atomic_dq);
