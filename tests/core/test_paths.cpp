@@ -256,10 +256,10 @@ TYPED_TEST(Paths, TensorCoreStridedLayouts) {
   }
 }
 
-// Head dim 256: the FA2-layout kernels run it, forward and backward (dK/dV with 64 keys per block, dQ with one
-// m16 tile per warp). Where the device does not give them their shared memory (the backward: not sm_80's 163 KB;
-// neither: not sm_86/89's 99 KB), automatic runs the portable kernels and naming tensor_core there is an error
-// saying why.
+// Head dim 256: the wgmma forward runs it on Hopper (sm_90a), the FA2-layout kernels elsewhere and the backward
+// everywhere (dK/dV with 64 keys per block, dQ with one m16 tile per warp). Where the device does not give them
+// their shared memory (the backward: not sm_80's 163 KB; neither: not sm_86/89's 99 KB), automatic runs the
+// portable kernels and naming tensor_core there is an error saying why.
 TYPED_TEST(Paths, TensorCoreHeadDim256) {
   using T = TypeParam;
   using P = kfa::TileProductPath;
@@ -311,13 +311,17 @@ TYPED_TEST(Paths, TensorCoreHeadDim256) {
       }
       EXPECT_TRUE(close_frobenius(outs[0], outs[1], tolerance<T>())) << "o: tensor_core vs portable";
     }
-    // The plans: the FA2-layout forward; the tensor-core backward with its d = 256 tiles where it runs.
+    // The plans: the wgmma forward where it runs, else the FA2-layout one; the tensor-core backward with its
+    // d = 256 tiles where it runs.
     const Shape s{1, 64, 64, 2, 2, 256};
     Tensor<T> q("q", 1, 64, 2, 256), o("o", 1, 64, 2, 256), dq("dq", 1, 64, 2, 256), dk("dk", 1, 64, 2, 256),
         dv("dv", 1, 64, 2, 256);
     kfa::AttentionOptions opts, nondet;
     nondet.deterministic = false;
-    EXPECT_EQ(kfa::plan_forward(Exec(), q, q, q, o, opts).family, fwd_why.empty() ? P::tensor_core_fa2 : P::portable);
+    const bool wgmma = kfa::detail::wgmma_forward_why_not(Exec(), 256, 64, opts).empty();
+    EXPECT_EQ(kfa::plan_forward(Exec(), q, q, q, o, opts).family, wgmma             ? P::tensor_core_wgmma
+                                                                  : fwd_why.empty() ? P::tensor_core_fa2
+                                                                                    : P::portable);
     if (!fwd_why.empty()) {
       kfa::AttentionOptions tc;
       tc.path = P::tensor_core;
@@ -475,8 +479,8 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
     if (wgmma_why.empty()) {
       EXPECT_EQ(f.family, P::tensor_core_wgmma) << f.region;
       EXPECT_EQ(f.tiles.block_q, 128) << f.region;
-      // d = 128 without softcap: the warp-specialized kernel's producer warpgroup on top of the two
-      EXPECT_EQ(f.tiles.team_size, kfa::detail::wgmma_ws_forward(d, opts.softcap > 0) ? 384 : 256) << f.region;
+      // the warp-specialized kernel: a producer warpgroup on top of the two that compute
+      EXPECT_EQ(f.tiles.team_size, 384) << f.region;
       kfa::AttentionOptions fa2_tiles;  // FA2's 64-key tiles, which the wgmma forward cannot honour
       fa2_tiles.block_k = 64;
       EXPECT_EQ(kfa::plan_forward(Exec(), q, k, v, o, fa2_tiles).family, P::tensor_core_fa2);

@@ -18,8 +18,8 @@ namespace kfa {
 namespace detail {
 
 /// Why the tensor-core kernels cannot run T elements with this head dim on `space` ("" when they can);
-/// `fa2`: asked for the FA2-layout kernels (the FA2-layout forward, the tensor-core backward), which also
-/// have head dim 256.
+/// `fa2`: asked for the kernels that also have head dim 256 (the FA2-layout and wgmma forwards, the tensor-core
+/// backward).
 template <class ExecSpace, class T>
 std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2 = false) {
   if (!has_tensor_core_path<ExecSpace, T>::value)
@@ -38,8 +38,8 @@ std::string tc_space_problem(const ExecSpace& space, int head_dim, bool fa2 = fa
 #endif
   if (fa2 ? !fa2_head_dim_supported(head_dim) : !tc_head_dim_supported(head_dim))
     return "head_dim = " + std::to_string(head_dim) + " (the tensor-core kernels exist for " + tc_head_dims_text() +
-           (fa2               ? "; the FA2-layout ones also for 256)"
-            : head_dim == 256 ? "; only the FA2-layout ones for 256)"
+           (fa2               ? "; the FA2-layout and wgmma forwards and the FA2-layout backward also for 256)"
+            : head_dim == 256 ? "; only the FA2-layout and wgmma forwards and the FA2-layout backward for 256)"
                               : ")");
   return "";
 }

@@ -31,6 +31,7 @@
 #include <kfa/detail/cuda/mma.hpp>
 #include <kfa/detail/cuda/native.hpp>
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
+#include <kfa/detail/cuda/row_keys.hpp>     // tc::RowKeys, tc::softcap_and_mask_rows
 #include <kfa/detail/mask.hpp>
 #include <kfa/online_softmax.hpp>
 

@@ -808,7 +808,7 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
 template <class ExecSpace>
 std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma backward");
-  if (!wgmma_head_dim_supported(d))
+  if (!wgmma_backward_head_dim(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64 and 128)";
   if (fused && d != 64)
     return "opts.deterministic = false at head_dim = " + std::to_string(d) +

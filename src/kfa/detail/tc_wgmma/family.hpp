@@ -19,31 +19,28 @@ template <class ExecSpace>
 std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, const AttentionOptions& opts) {
   if (seq_k > 2147483647L - 256)
     return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
-  if (wgmma_head_dim_supported(d)) {
-    static_assert(WgmmaForwardShape<64>::block_q == 128 && WgmmaForwardShape<128>::block_q == 128 &&
-                      WgmmaWsForwardShape<64>::block_q == 128 && WgmmaWsForwardShape<128>::block_q == 128,
+  if (wgmma_forward_head_dim(d)) {
+    static_assert(WgmmaWsForwardShape<64>::block_q == 128 && WgmmaWsForwardShape<128>::block_q == 128 &&
+                      WgmmaWsForwardShape<256>::block_q == 128,
                   "128 query rows per block in every wgmma forward");
-    const int block_k = wgmma_ws_forward(d, opts.softcap > 0) ? WgmmaWsForwardShape<128>::block_k
-                        : d == 64                             ? WgmmaForwardShape<64>::block_k
-                                                              : WgmmaForwardShape<128>::block_k;
+    const int block_k = d == 256 ? WgmmaWsForwardShape<256>::block_k : WgmmaWsForwardShape<128>::block_k;
+    static_assert(WgmmaWsForwardShape<64>::block_k == WgmmaWsForwardShape<128>::block_k, "d = 64 and 128 alike");
     const std::string why = tc_block_problem(opts, 128, block_k, "forward");
     if (!why.empty()) return why;
   }
-  return wgmma_forward_problem(space, d, opts.softcap > 0);
+  return wgmma_forward_problem(space, d);
 }
-inline TileConfig wgmma_forward_tiles(int d, bool softcap, std::size_t smem_max) {
-  const bool ws = wgmma_ws_forward(d, softcap);
-  return d == 64 ? (ws ? native_forward_tiles<WgmmaWsForwardShape<64>>(smem_max)
-                       : native_forward_tiles<WgmmaForwardShape<64>>(smem_max))
-                 : (ws ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
-                       : native_forward_tiles<WgmmaForwardShape<128>>(smem_max));
+inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
+  return d == 64    ? native_forward_tiles<WgmmaWsForwardShape<64>>(smem_max)
+         : d == 128 ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
+                    : native_forward_tiles<WgmmaWsForwardShape<256>>(smem_max);
 }
 
 /// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that
 /// the tensor-core backward can run them; the device probe (wgmma_loaded) last.
 template <class ExecSpace>
 std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, const AttentionOptions& opts) {
-  if (wgmma_head_dim_supported(d)) {
+  if (wgmma_backward_head_dim(d)) {
     auto blocks = [&](auto dc) {
       constexpr int D = decltype(dc)::value;
       std::string why =
@@ -85,12 +82,13 @@ struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (forwar
   static constexpr bool tensor_core = true;
   template <class C>
   static std::string why_not(const C& c) {
-    const std::string why = c.tc_problem(false);  // wgmma_forward_why_not may probe the device: asked last
+    // head dims 64 to 256 (wgmma_forward_why_not narrows them); it may probe the device: asked last
+    const std::string why = c.tc_problem(true);
     return why.empty() ? wgmma_forward_why_not(c.space, c.d, c.seq_k, c.opts) : why;
   }
   template <class C>
   static TileConfig tiles(const C& c) {
-    return wgmma_forward_tiles(c.d, c.opts.softcap > 0, native_smem_max(c.space));
+    return wgmma_forward_tiles(c.d, native_smem_max(c.space));
   }
   template <class C, class A>
   static void launch(const C& c, const A& args, const TileConfig&) {

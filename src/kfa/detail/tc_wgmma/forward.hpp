@@ -1,29 +1,29 @@
 #pragma once
-/// tc_wgmma/forward.hpp: the tc_wgmma family's forward kernels (two-warpgroup and warp-specialized) and the
-/// Hopper wgmma primitives (descriptors, wgmma and mbarrier wrappers, named barriers) its backward shares.
-/// The tensor-core forward on Hopper's warpgroup MMA (wgmma, sm_90a): the FA2-layout forward
-/// (tc_fa2/forward.hpp) with both products issued by a warpgroup of four warps as one asynchronous
-/// 64 × N × 16 instruction reading its operands straight from shared memory, instead of each warp's
-/// m16n8k16 mma.sync fed by ldmatrix.
+/// tc_wgmma/forward.hpp: the tc_wgmma family's forward kernel (warp-specialized) and the Hopper wgmma
+/// primitives (descriptors, wgmma and mbarrier wrappers, named barriers) its backward shares.
+/// The tensor-core forward on Hopper's warpgroup MMA (wgmma, sm_90a): FlashAttention-3's structure, the
+/// products issued by a warpgroup of four warps as asynchronous 64 × N × 16 instructions reading their operands
+/// straight from shared memory (instead of each warp's m16n8k16 mma.sync fed by ldmatrix, tc_fa2/forward.hpp).
 ///
-/// Per block: two warpgroups (8 warps, 256 threads), BQ = 128 query rows, 64 per warpgroup and 16 per warp.
+/// Per block: two consumer warpgroups, BQ = 128 query rows, 64 per warpgroup and 16 per warp, and a producer
+/// warpgroup that does all the loads (TMA, cuda/tma.hpp).
 /// - S = Q·Kᵀ: wgmma m64nBCk16, A = the warpgroup's 64 Q rows and B = the K tile, both from shared memory.
-/// - O += P·V: wgmma m64nDk16, A = P from registers (the accumulator of S converted to 16 bits in place: the
-///   fragment layouts agree, as with mma.sync), B = the V tile from shared memory, read transposed
-///   (V's rows are keys, the instruction's K dimension, with the head dim contiguous: "MN-major").
+/// - O += P·V: wgmma m64nNk16 (N = D up to 128, two of N = 128 at D = 256), A = P from registers (the
+///   accumulator of S converted to 16 bits in place: the fragment layouts agree, as with mma.sync), B = the V
+///   tile from shared memory, read transposed (V's rows are keys, the instruction's K dimension, with the head
+///   dim contiguous: "MN-major").
 /// - Shared tiles have no padding: rows of 64-element (128-byte) panels under the 128-byte swizzle that the
 ///   instruction's descriptors name (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), so a
-///   d = 128 row is two panels. Q is loaded once; K and V tiles of BC keys are double-buffered with cp.async.
+///   d = 128 row is two panels.
 /// - The scores' softcap, mask and online softmax (lazy rescaling, base 2) are those of the FA2-layout
 ///   kernel, per warp on its 16 rows; the accumulators have the m16n8 C layout per warp.
-/// - Without softcap, tc_wgmma_ws_forward_kernel runs instead: the same two warpgroups plus a producer
-///   warpgroup that does all the loads, by TMA (cuda/tma.hpp; warp specialization; see its comment).
 ///
 /// Needs the translation unit compiled for sm_90a too (`-gencode=arch=compute_90a,code=sm_90a`, which kfa's
 /// own build adds with KFA_ENABLE_SM90A); every other image has a trapping body. A binary may carry both an
 /// sm_90 and an sm_90a image and the CUDA runtime picks one per device, so the plan asks the device once
 /// which one it loaded (wgmma_loaded) and runs the FA2-layout kernel where it is not the sm_90a one.
 #include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
+#include <kfa/detail/cuda/row_keys.hpp>     // tc::RowKeys, tc::softcap_and_mask_rows
 #include <kfa/detail/cuda/tma.hpp>
 
 #include <cstddef>
@@ -35,57 +35,38 @@
 namespace kfa {
 namespace detail {
 
-/// Head dims of the wgmma forward: whole 64-element panels, and wgmma's n of O += P·V in {64, 128}.
-inline bool wgmma_head_dim_supported(int d) {
+/// Head dims of the wgmma forward: whole 64-element panels, O += P·V as wgmma products of n = D (64, 128) or
+/// two of n = 128 (256).
+inline bool wgmma_forward_head_dim(int d) {
+  return d == 64 || d == 128 || d == 256;
+}
+/// Head dims of the wgmma backward (backward.hpp): 64 and 128.
+inline bool wgmma_backward_head_dim(int d) {
   return d == 64 || d == 128;
 }
 
-/// Tiles of the two-warpgroup kernel (the forward with softcap): keys per K/V tile (64 or 128: wgmma's n of
-/// S = Q·Kᵀ) and resident blocks per SM the registers are bounded for. d = 64: 64 keys and two blocks per SM
-/// (125-128 registers, 49 KB each) ran 1.24-1.30x the forward of 128 keys and one block (H200, bf16,
-/// N 4096/16384, kfa vs kfa in one run); d = 128 at two blocks (128 registers) spills 60-104 B with either
-/// tile. The kernel leaves O += P·V of tile j running while the next tile's loads land and its S = Q·Kᵀ is
-/// issued (its wait is the one of that S), and issues tile j + 1's loads once both warpgroups are past tile
-/// j - 1: 4.4-8.7% faster than waiting for every product where it is issued (H200, bf16, d 64/128,
-/// N 4096/16384, causal or not, kfa vs kfa in one run).
-template <int D>
-struct WgmmaForwardShape {
-  static constexpr int warps = 8;  // two warpgroups
-  static constexpr int min_blocks = D <= 64 ? 2 : 1;
-  static constexpr int block_q = 128;  // 64 rows per warpgroup
-  static constexpr int block_k = D <= 64 ? 64 : 128;
-  static_assert(D % 64 == 0 && (block_k == 64 || block_k == 128), "64-element panels; n of 64 or 128");
-  /// Q, two stages of K and V (16-bit, unpadded), and 1 KB to align the tiles to the swizzle's 1024-byte
-  /// period (d = 64: 49 KB, d = 128: 161 KB).
-  static constexpr std::size_t smem = static_cast<std::size_t>(block_q + 4 * block_k) * D * 2 + 1024;
-};
-
-/// Tiles of the warp-specialized forward (no softcap; d = 64 and 128; tc_wgmma_ws_forward_kernel): warpgroups
-/// 0 and 1 compute 64 query rows each as in WgmmaForwardShape, warpgroup 2 only loads, into K/V stages of 128
-/// keys signalled by mbarriers; the two consumer warpgroups take turns issuing their products (named
-/// barriers), so one's softmax overlaps the other's tensor-core work, where the two-warpgroup kernel's
-/// per-tile __syncthreads keeps both warpgroups in step. d = 128: 3 stages (64 KB each, 225 KB in all, which
-/// every compute capability 9.0 device has) ran 1.41-1.52x the two-warpgroup kernel and 1.35-1.50x 2 stages
-/// (H200, bf16, N 4096-16384, causal or not, kfa vs kfa in one run); with 2 the producer can refill a stage
-/// only once O += P·V of its tile is done, one tile ahead. d = 64: 4 stages (145 KB, one block per SM) ran
-/// 1.03-1.12x the two-warpgroup kernel at two blocks per SM with 64-key tiles (same conditions).
+/// Tiles of the warp-specialized forward (tc_wgmma_ws_forward_kernel): warpgroups 0 and 1 compute 64 query
+/// rows each, warpgroup 2 only loads, into K/V stages signalled by mbarriers; the two consumer warpgroups take
+/// turns issuing their products (named barriers), so one's softmax overlaps the other's tensor-core work.
+/// d = 128: 3 stages of 128 keys (64 KB each, 225 KB in all, which every compute capability 9.0 device has)
+/// ran 1.41-1.52x a two-warpgroup kernel with per-tile __syncthreads and 1.35-1.50x 2 stages (H200, bf16,
+/// N 4096-16384, causal or not, kfa vs kfa in one run); with 2 the producer can refill a stage only once
+/// O += P·V of its tile is done, one tile ahead. d = 64: 4 stages of 128 keys (145 KB, one block per SM) ran
+/// 1.03-1.12x the two-warpgroup kernel at two blocks per SM with 64-key tiles (same conditions). d = 256: Q is
+/// 64 KB, O 128 registers a thread; 4 stages of 32 keys (32 KB each, 193 KB in all) ran 1.11-1.28x 2 stages of
+/// 64 keys (H100, bf16, N 4096/16384, causal or not, kfa vs kfa in one run; 5 stages of 32: no faster).
 template <int D>
 struct WgmmaWsForwardShape {
   static constexpr int warps = 12;
   static constexpr int min_blocks = 1;
-  static constexpr int block_q = 128;
-  static constexpr int block_k = 128;
-  static constexpr int stages = D == 128 ? 3 : 4;
-  static_assert((D == 64 || D == 128) && stages >= 2, "d = 64 or 128; at least double-buffered");
+  static constexpr int block_q = 128;  // 64 rows per consumer warpgroup
+  static constexpr int block_k = D == 256 ? 32 : 128;
+  static constexpr int stages = D == 256 ? 4 : D == 128 ? 3 : 4;
+  static_assert((D == 64 || D == 128 || D == 256) && stages >= 2, "d = 64, 128 or 256; at least double-buffered");
   static constexpr std::size_t tile_bytes = static_cast<std::size_t>(block_q + 2 * stages * block_k) * D * 2;
   /// the tiles, 1 KB of alignment slack and the mbarriers (Q, then full and empty per stage)
   static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
 };
-
-/// Whether the forward of head dim d (softcap or not) runs the warp-specialized kernel.
-inline bool wgmma_ws_forward(int d, bool softcap) {
-  return !softcap && (d == 128 || d == 64);
-}
 
 #if KFA_HAS_TENSOR_CORES
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -247,23 +228,29 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
 
 /// Copies ROWS × D 16-bit elements (row r at src + r·stride) into 64-element panels of ROWS × 128 B under
 /// the 128-byte swizzle: chunk x of row r goes to panel x / 8, chunk (x mod 8) ^ (r mod 8); rows ≥ valid
-/// are zeroed. NT threads, each keeping one chunk column: rows per pass (NT / (D/8)) are a multiple of 8,
-/// so a thread's swizzled chunk is the same in every pass.
+/// are zeroed. NT threads, each keeping one chunk column, dr = NT / (D/8) rows apart pass by pass: a thread's
+/// swizzled chunk repeats every `period` passes (1 where dr is a multiple of 8, up to d = 128; 2 at d = 256
+/// with 128 threads), so it keeps that many addresses (few registers: the producers run on 24).
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, const std::uint16_t* src, long stride, int valid,
                                                 int tid) {
   constexpr int chunks = D / 8;
   constexpr int dr = NT / chunks;
-  static_assert(NT % chunks == 0 && dr % 8 == 0 && ROWS % dr == 0, "whole passes of whole swizzle periods");
+  constexpr int period = dr % 8 == 0 ? 1 : 8 / dr;
+  static_assert(NT % chunks == 0 && (dr % 8 == 0 || 8 % dr == 0) && ROWS % (dr * period) == 0, "whole periods");
   const int r0 = tid / chunks, x = tid % chunks;
   const std::uint16_t* p = src + static_cast<long>(r0) * stride + x * 8;
-  const std::uint32_t d =
-      dst + static_cast<std::uint32_t>((x >> 3) * ROWS * 128 + r0 * 128 + (((x & 7) ^ (r0 & 7)) << 4));
+  std::uint32_t d[period];
+#pragma unroll
+  for (int q = 0; q < period; ++q) {
+    const int r = r0 + q * dr;
+    d[q] = dst + static_cast<std::uint32_t>((x >> 3) * ROWS * 128 + r * 128 + (((x & 7) ^ (r & 7)) << 4));
+  }
 #pragma unroll
   for (int it = 0; it < ROWS / dr; ++it) {
     const int r = r0 + it * dr;
     const bool ok = r < valid;
-    cp_async16(d + static_cast<std::uint32_t>(it * dr * 128), ok ? p : src, ok);
+    cp_async16(d[it % period] + static_cast<std::uint32_t>((it / period) * period * dr * 128), ok ? p : src, ok);
     p += dr * stride;
   }
 }
@@ -361,173 +348,13 @@ __global__ void wgmma_probe_kernel(int* out) {
   *out = KFA_WGMMA_DEVICE;
 }
 
-template <int D, bool Softcap, class T, class OutT>
-__global__ void __launch_bounds__(32 * WgmmaForwardShape<D>::warps, WgmmaForwardShape<D>::min_blocks)
-    tc_wgmma_forward_kernel(const __grid_constant__ Fa2ForwardArgs<OutT> a) {
-#if KFA_WGMMA_DEVICE
-  using Shape = WgmmaForwardShape<D>;
-  constexpr int BQ = Shape::block_q, BC = Shape::block_k, NT = 32 * Shape::warps;
-  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
-  const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
-  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
-  const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
-  const int wr0 = i0 + warp * 16;  // this warp's first query row
-  const float ninf = -compat::infinity<float>();
-
-  // Tiles start at a multiple of 1024 B: the swizzle is a function of the address bits.
-  const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
-  const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
-  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
-
-  const std::uint16_t* kbase = a.k + b * a.k_s[0] + hk * a.k_s[2];
-  const std::uint16_t* vbase = a.v + b * a.v_s[0] + hk * a.v_s[2];
-  const long kstride = a.k_s[1], vstride = a.v_s[1];
-  using Pos = typename std::conditional<Softcap, long, int>::type;
-  auto load_kv = [&](Pos j0, Pos j_end, int stage) {
-    const int cols = static_cast<int>(j_end - j0 < BC ? j_end - j0 : BC);
-    const std::uint32_t kd = ks0 + stage * stage_bytes;
-    tc::load_tile_sw128<D, BC, NT>(kd, kbase + static_cast<long>(j0) * kstride, kstride, cols, tid);
-    tc::load_tile_sw128<D, BC, NT>(kd + kv_bytes, vbase + static_cast<long>(j0) * vstride, vstride, cols, tid);
-  };
-  tc::load_tile_sw128<D, BQ, NT>(qs, a.q + b * a.q_s[0] + static_cast<long>(i0) * a.q_s[1] + h * a.q_s[2], a.q_s[1],
-                                 rows, tid);  // in the group of the first pass's first K/V tile
-
-  float acc[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
-  const float c = a.scale * tc::log2e;
-  constexpr bool kLazyRescale = !Softcap;
-  constexpr float kStale = 8.f * 0.6931471805599453f;
-  const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
-
-  // Descriptor addresses: Q rows of this warpgroup; K-major steps of 16 elements advance 32 B inside a
-  // 128-byte panel row (the hardware applies the swizzle to the computed addresses), every 4 steps a panel.
-  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
-  float s[BC / 8][4];
-#pragma unroll
-  for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-
-  // One pass per document the block's rows meet (one without documents), the row states carried across; each
-  // pass starts its own pipeline (its first tile in the next stage).
-  int stage = 0;
-  const DocumentSpan span = a.mask.documents_of_rows(i0, i0 + rows);
-  for (int doc = span.first; doc < span.last; ++doc) {
-    const KeyRule mask = a.mask.rule(doc);
-    const Pos j_begin = static_cast<Pos>(mask.key_begin(i0));
-    const Pos j_end = static_cast<Pos>(mask.key_end(i0 + rows));
-    const tc::RowKeys rk(mask, i0, rows, wr0 + g);
-    if (j_begin < j_end) load_kv(j_begin, j_end, stage);
-    tc::cp_async_commit();
-    for (Pos j0 = j_begin; j0 < j_end; j0 += BC, stage ^= 1) {
-      const int cols = (j_end - j0) < BC ? static_cast<int>(j_end - j0) : BC;
-      tc::cp_async_wait_all();  // tile j, issued during the previous tile (or with Q)
-      tc::fence_proxy_async();
-      __syncthreads();
-      const std::uint32_t kst = ks0 + stage * stage_bytes, vst = kst + kv_bytes;
-
-      tc::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32);
-        tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + (kk >> 2) * BQ * 128 + in_row, 16, 1024),
-                            tc::wgmma_desc(kst + (kk >> 2) * BC * 128 + in_row, 16, 1024), kk);
-      }
-      tc::wgmma_commit();
-      tc::wgmma_wait_all();  // S, and the previous tile's O += P·V
-      tc::wgmma_hold(s);
-      tc::wgmma_hold(acc);
-      __syncthreads();  // both warpgroups are done with the previous tile's stage: refill it with tile j + 1
-      if (j0 + BC < j_end) load_kv(j0 + BC, j_end, stage ^ 1);
-      tc::cp_async_commit();
-
-      tc::softcap_and_mask_rows<BC, Softcap>(s, rk, j0, cols, t4, cap_in, cap_out);
-      std::uint32_t pa[BC / 16][4];
-      {
-        float tmax[2] = {ninf, ninf};
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
-        float tm[2];
-        bool grow = false;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float t = tc::quad_max(tmax[r]);
-          tm[r] = t == ninf ? ninf : t * a.scale;
-          grow |= tm[r] > m[r] + kStale;
-        }
-        if (!kLazyRescale || __any_sync(0xffffffffu, grow)) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const MergeFactors<float> f = merge_factors(m[r], tm[r]);
-            m[r] = f.m;
-            l[r] *= f.scale_a;
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-              acc[n][2 * r] *= f.scale_a;
-              acc[n][2 * r + 1] *= f.scale_a;
-            }
-          }
-        }
-        float mc[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) mc[r] = m[r] == ninf ? 0.f : m[r] * tc::log2e;
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n) {
-          const float p0 = tc::exp2_approx(fmaf(s[n][0], c, -mc[0]));
-          const float p1 = tc::exp2_approx(fmaf(s[n][1], c, -mc[0]));
-          const float p2 = tc::exp2_approx(fmaf(s[n][2], c, -mc[1]));
-          const float p3 = tc::exp2_approx(fmaf(s[n][3], c, -mc[1]));
-          l[0] += p0 + p1;
-          l[1] += p2 + p3;
-          pa[n / 2][(n & 1) * 2 + 0] = cuda16<T>::pack(p0, p1);
-          pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(p2, p3);
-        }
-      }
-
-      tc::wgmma_fence();  // acc was rescaled and pa written by ordinary instructions
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk)
-        tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
-      tc::wgmma_commit();
-    }
-  }
-  tc::wgmma_wait_all();
-  tc::wgmma_hold(acc);
-  tc::cp_async_wait_all();
-
-  OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
-  float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
-  float lsum[2], inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lsum[r] = tc::quad_sum(l[r]);
-    inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
-  }
-  const int r0 = wr0 + g, r1 = r0 + 8;
-  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
-                         r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
-  if (t4 == 0) {
-    if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
-    if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
-  }
-#else
-  (void)a;
-#if defined(__CUDA_ARCH__)
-  __trap();  // not reachable: the plan runs this kernel only where wgmma_loaded says the sm_90a image is in
-#endif
-#endif
-}
-
 /// The warp-specialized forward's arguments: the forward's, and TMA descriptors of q, k and v (TmaMaps).
 template <class OutT>
 struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
   TmaMaps tma;
 };
 
-/// The warp-specialized wgmma forward (FlashAttention-3's structure), no softcap (d = 64 and 128).
+/// The warp-specialized wgmma forward (FlashAttention-3's structure; d = 64, 128 and 256, softcap or not).
 /// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg) and loads Q and then every K/V tile
 ///   into stage t mod STAGES, which completes the stage's "full" mbarrier; before refilling a stage it waits
 ///   on its "empty" mbarrier (tc::ws_produce). With TMA descriptors (a.tma.on) one thread issues the whole
@@ -537,7 +364,7 @@ struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
 ///   (named barriers 1 and 2 alternate the turns, so one warpgroup's softmax runs while the other's products
 ///   do), waits for S_t, computes the softmax of tile t in place, waits for O += P_{t-1}·V_{t-1}, arrives on
 ///   stage t - 1's empty barrier, rescales O and packs P_t.
-template <int D, class T, class OutT>
+template <int D, bool Softcap, class T, class OutT>
 __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     tc_wgmma_ws_forward_kernel(const __grid_constant__ WgmmaWsForwardArgs<OutT> a) {
 #if KFA_WGMMA_DEVICE
@@ -607,18 +434,18 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
   float m[2] = {ninf, ninf}, l[2] = {0.f, 0.f};
   const float c = a.scale * tc::log2e;
-  constexpr bool kLazyRescale = true;
   constexpr float kStale = 8.f * 0.6931471805599453f;
+  const float cap_in = Softcap ? a.scale / a.softcap : 0.f, cap_out = Softcap ? a.softcap / a.scale : 0.f;
   const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128);
   float s[BC / 8][4];
   std::uint32_t pa[BC / 16][4];
   tc::RowKeys rk;  // the pass's: one per document the block's rows meet (one without documents)
   int j_begin = 0, j_end = 0;
-  // The softmax of tile t in place in s (softcap none, masks, running max, exponentials, row sums); returns
-  // whether O is to be rescaled, by f.
+  // The softmax of tile t in place in s (softcap, masks, running max, exponentials, row sums); returns whether
+  // O is to be rescaled, by f.
   auto softmax = [&](int j0, float(&f)[2]) {
     const int cols = j_end - j0 < BC ? j_end - j0 : BC;
-    tc::softcap_and_mask_rows<BC, false>(s, rk, j0, cols, t4, 0.f, 0.f);
+    tc::softcap_and_mask_rows<BC, Softcap>(s, rk, j0, cols, t4, cap_in, cap_out);
     float tmax[2] = {ninf, ninf};
 #pragma unroll
     for (int n = 0; n < BC / 8; ++n)
@@ -632,7 +459,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
       tm[r] = t == ninf ? ninf : t * a.scale;
       grow |= tm[r] > m[r] + kStale;
     }
-    const bool rescale = !kLazyRescale || __any_sync(0xffffffffu, grow);
+    const bool rescale = __any_sync(0xffffffffu, grow);
     if (rescale) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -691,11 +518,20 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     }
     tc::wgmma_commit();
   };
+  // O += P·V: one product of n = D, or at D = 256 two of n = 128 (two 64-element panels of V each).
   auto issue_pv = [&](int st) {
     const std::uint32_t vst = ks0 + st * stage_bytes + kv_bytes;
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      if constexpr (D <= 128) {
+        tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
+      } else {
+#pragma unroll
+        for (int cn = 0; cn < D / 128; ++cn)
+          tc::wgmma_rs<128, T>(*reinterpret_cast<float(*)[16][4]>(&acc[cn * 16][0]), pa[kk],
+                               tc::wgmma_desc(vst + cn * 2 * BC * 128 + kk * 16 * 128, BC * 128, 1024));
+      }
+    }
     tc::wgmma_commit();
   };
   auto hand_over = [&] {  // the other warpgroup's turn
@@ -830,16 +666,16 @@ std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const
   return "it is a Kokkos::Cuda kernel for sm_90a";
 }
 
-/// Why the wgmma forward cannot run head dim d (with softcap or not) on this space's device ("" when it can):
-/// head dim 64 or 128, then wgmma_device_problem.
+/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): head dim 64, 128 or 256,
+/// then wgmma_device_problem.
 template <class ExecSpace>
-std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
+std::string wgmma_forward_problem(const ExecSpace& space, int d) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
-  if (!wgmma_head_dim_supported(d))
-    return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64 and 128)";
-  const std::size_t smem =
-      d == 64 ? (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<64>::smem : WgmmaForwardShape<64>::smem)
-              : (wgmma_ws_forward(d, softcap) ? WgmmaWsForwardShape<128>::smem : WgmmaForwardShape<128>::smem);
+  if (!wgmma_forward_head_dim(d))
+    return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64, 128 and 256)";
+  const std::size_t smem = d == 64    ? WgmmaWsForwardShape<64>::smem
+                           : d == 128 ? WgmmaWsForwardShape<128>::smem
+                                      : WgmmaWsForwardShape<256>::smem;
   return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
@@ -848,21 +684,14 @@ template <int D, bool Softcap, class Args>
 void wgmma_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
   using T = typename Args::T;
   using OutT = typename Args::o_type::non_const_value_type;
-  if constexpr (!Softcap) {
-    if (wgmma_ws_forward(D, Softcap)) {
-      using Shape = WgmmaWsForwardShape<D>;
-      WgmmaWsForwardArgs<OutT> a;
-      const long league = set_forward_args(a, Shape::block_q, args);
-      tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, Shape::block_q) &&
-                               tma_map_rows(a.tma, 1, args.k, Shape::block_k) &&
-                               tma_map_rows(a.tma, 2, args.v, Shape::block_k));
-      native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, T, OutT>, league,
-                    dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
-      return;
-    }
-  }
-  native_forward_launch<WgmmaForwardShape<D>, OutT>(space, "kfa::attention_forward[tensor_core_wgmma]",
-                                                    &tc_wgmma_forward_kernel<D, Softcap, T, OutT>, args);
+  using Shape = WgmmaWsForwardShape<D>;
+  WgmmaWsForwardArgs<OutT> a;
+  const long league = set_forward_args(a, Shape::block_q, args);
+  tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, Shape::block_q) &&
+                           tma_map_rows(a.tma, 1, args.k, Shape::block_k) &&
+                           tma_map_rows(a.tma, 2, args.v, Shape::block_k));
+  native_launch(space, "kfa::attention_forward[tensor_core_wgmma]", &tc_wgmma_ws_forward_kernel<D, Softcap, T, OutT>,
+                league, dim3(32 * Shape::warps), Shape::smem, Shape::min_blocks, a);
 }
 
 template <class Args>
@@ -874,10 +703,13 @@ void wgmma_forward_launch(const Kokkos::Cuda& space, const Args& args) {
     else
       wgmma_forward_launch_d<D, false>(space, args);
   };
-  if (args.q.extent(3) == 64)
+  const auto d = args.q.extent(3);
+  if (d == 64)
     launch(std::integral_constant<int, 64>{});
-  else
+  else if (d == 128)
     launch(std::integral_constant<int, 128>{});
+  else
+    launch(std::integral_constant<int, 256>{});
 }
 #endif
 
