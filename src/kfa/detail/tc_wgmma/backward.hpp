@@ -53,22 +53,22 @@ namespace tc {
 /// before warpgroup 1 waited for step t's second ones, which completes the barrier without warpgroup 1 (a
 /// dK/dV kernel without it hung so on the H200).
 __device__ __forceinline__ void pingpong_before_first(int wg) {
-  if (wg == 1) named_sync<1>(256);
+  if (wg == 1) named_sync(1, 256);
 }
 __device__ __forceinline__ void pingpong_after_first(int wg) {
   if (wg == 0)
-    named_arrive<1>(256);
+    named_arrive(1, 256);
   else
-    named_arrive<2>(256);
+    named_arrive(2, 256);
 }
 __device__ __forceinline__ void pingpong_before_second(int wg) {
   if (wg == 0)
-    named_sync<2>(256);
+    named_sync(2, 256);
   else
-    named_sync<1>(256);
+    named_sync(1, 256);
 }
 __device__ __forceinline__ void pingpong_after_second(int wg) {
-  if (wg == 0) named_arrive<1>(256);
+  if (wg == 0) named_arrive(1, 256);
 }
 }  // namespace tc
 #endif
@@ -236,9 +236,9 @@ struct TcWgmmaDkDvKernel {
   }
   __device__ static void wg_sync(int wg) {
     if (wg == 0)
-      tc::named_sync<3>(128);
+      tc::named_sync(3, 128);
     else
-      tc::named_sync<4>(128);
+      tc::named_sync(4, 128);
   }
 #endif
 
@@ -584,7 +584,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
   const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
   const bool tma = a.tma.on != 0;
-  if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
+  if (threadIdx.x == 0) bar.init(tma ? 1 : NP, 256);
   __syncthreads();  // the last block-wide barrier: the producer leaves early
 
   if (wg == 2) {  // the producer: 56 registers (its four tiles' address arithmetic spilled at 24 and 40)
@@ -697,9 +697,9 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes, vst = kst + kv_bytes;
     if (wg == 0)
-      tc::named_sync<1>(256);
+      tc::named_sync(1, 256);
     else
-      tc::named_sync<2>(256);
+      tc::named_sync(2, 256);
     tc::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -725,13 +725,13 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   };
   auto hand_over = [&] {  // the other warpgroup's turn
     if (wg == 0)
-      tc::named_arrive<2>(256);
+      tc::named_arrive(2, 256);
     else
-      tc::named_arrive<1>(256);
+      tc::named_arrive(1, 256);
   };
 
   tc::mbar_wait(bar.head(), 0);
-  if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
+  if (wg == 1) tc::named_arrive(1, 256);  // warpgroup 0 takes the first turn
   // Tile t of the block (over all passes, as tc::ws_produce loads them) is in stage t mod ST, its (t / ST)-th
   // use. Each pass ends its pipeline and releases its last stage.
   int st = 0;
@@ -772,7 +772,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     tc::wgmma_hold(acc);
     tc::mbar_arrive(bar.empty(prev));  // the next pass's tiles may refill it
   }
-  if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
+  if (wg == 0) tc::named_sync(1, 256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
 
   OutT* qbase = a.dq + b * a.dq_s[0] + h * a.dq_s[2];
   const int r0 = wr0 + g, r1 = r0 + 8;

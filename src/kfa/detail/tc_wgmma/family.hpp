@@ -20,12 +20,13 @@ std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, con
   if (seq_k > 2147483647L - 256)
     return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
   if (wgmma_forward_head_dim(d)) {
-    static_assert(WgmmaWsForwardShape<64>::block_q == 128 && WgmmaWsForwardShape<128>::block_q == 128 &&
-                      WgmmaWsForwardShape<256>::block_q == 128,
-                  "128 query rows per block in every wgmma forward");
-    const int block_k = d == 256 ? WgmmaWsForwardShape<256>::block_k : WgmmaWsForwardShape<128>::block_k;
-    static_assert(WgmmaWsForwardShape<64>::block_k == WgmmaWsForwardShape<128>::block_k, "d = 64 and 128 alike");
-    const std::string why = tc_block_problem(opts, 128, block_k, "forward");
+    const int block_q = d == 64    ? WgmmaWsForwardShape<64>::block_q
+                        : d == 128 ? WgmmaWsForwardShape<128>::block_q
+                                   : WgmmaWsForwardShape<256>::block_q;
+    const int block_k = d == 64    ? WgmmaWsForwardShape<64>::block_k
+                        : d == 128 ? WgmmaWsForwardShape<128>::block_k
+                                   : WgmmaWsForwardShape<256>::block_k;
+    const std::string why = tc_block_problem(opts, block_q, block_k, "forward");
     if (!why.empty()) return why;
   }
   return wgmma_forward_problem(space, d);

@@ -5,7 +5,7 @@
 /// products issued by a warpgroup of four warps as asynchronous 64 × N × 16 instructions reading their operands
 /// straight from shared memory (instead of each warp's m16n8k16 mma.sync fed by ldmatrix, tc_fa2/forward.hpp).
 ///
-/// Per block: two consumer warpgroups, BQ = 128 query rows, 64 per warpgroup and 16 per warp, and a producer
+/// Per block: two consumer warpgroups (three at d = 64), 64 query rows each and 16 per warp, and a producer
 /// warpgroup that does all the loads (TMA, cuda/tma.hpp).
 /// - S = Q·Kᵀ: wgmma m64nBCk16, A = the warpgroup's 64 Q rows and B = the K tile, both from shared memory.
 /// - O += P·V: wgmma m64nNk16 (N = D up to 128, two of N = 128 at D = 256), A = P from registers (the
@@ -45,9 +45,11 @@ inline bool wgmma_backward_head_dim(int d) {
   return d == 64 || d == 128;
 }
 
-/// Tiles of the warp-specialized forward (tc_wgmma_ws_forward_kernel): warpgroups 0 and 1 compute 64 query
-/// rows each, warpgroup 2 only loads, into K/V stages signalled by mbarriers; the two consumer warpgroups take
-/// turns issuing their products (named barriers), so one's softmax overlaps the other's tensor-core work.
+/// Tiles of the warp-specialized forward (tc_wgmma_ws_forward_kernel): `consumers` warpgroups compute 64 query
+/// rows each, the last one only loads, into K/V stages signalled by mbarriers; the consumer warpgroups take
+/// turns issuing their products (named barriers), so one's softmax overlaps the others' tensor-core work.
+/// d = 64: three consumers (192 rows; 160 registers each, the most that three and a 24-register producer
+/// leave) ran 1.07-1.29x two (H100, bf16, N 4096/16384, causal or not, kfa vs kfa in one run).
 /// d = 128: 3 stages of 128 keys (64 KB each, 225 KB in all, which every compute capability 9.0 device has)
 /// ran 1.41-1.52x a two-warpgroup kernel with per-tile __syncthreads and 1.35-1.50x 2 stages (H200, bf16,
 /// N 4096-16384, causal or not, kfa vs kfa in one run); with 2 the producer can refill a stage only once
@@ -57,9 +59,10 @@ inline bool wgmma_backward_head_dim(int d) {
 /// 64 keys (H100, bf16, N 4096/16384, causal or not, kfa vs kfa in one run; 5 stages of 32: no faster).
 template <int D>
 struct WgmmaWsForwardShape {
-  static constexpr int warps = 12;
+  static constexpr int consumers = D == 64 ? 3 : 2;  // warpgroups of 64 query rows
+  static constexpr int warps = 4 * (consumers + 1);
   static constexpr int min_blocks = 1;
-  static constexpr int block_q = 128;  // 64 rows per consumer warpgroup
+  static constexpr int block_q = 64 * consumers;
   static constexpr int block_k = D == 256 ? 32 : 128;
   static constexpr int stages = D == 256 ? 4 : D == 128 ? 3 : 4;
   static_assert((D == 64 || D == 128 || D == 256) && stages >= 2, "d = 64, 128 or 256; at least double-buffered");
@@ -285,10 +288,10 @@ struct WsBarriers {
   __device__ std::uint32_t full(int st) const { return bars + 8u * static_cast<std::uint32_t>(1 + st); }
   __device__ std::uint32_t empty(int st) const { return bars + 8u * static_cast<std::uint32_t>(1 + ST + st); }
   /// One thread: head and full complete after `loads` arrivals (1 with TMA: the issuing thread's, which also
-  /// announces the bytes; the producer's 128 threads with cp.async), empty after the 256 consumer threads'.
-  __device__ void init(unsigned loads) const {
+  /// announces the bytes; the producer's 128 threads with cp.async), empty after the `consumers` threads'.
+  __device__ void init(unsigned loads, unsigned consumers) const {
     mbar_init(head(), loads);
-    for (int st = 0; st < ST; ++st) mbar_init(full(st), loads), mbar_init(empty(st), 256);
+    for (int st = 0; st < ST; ++st) mbar_init(full(st), loads), mbar_init(empty(st), consumers);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
 };
@@ -315,13 +318,11 @@ __device__ __forceinline__ void ws_produce(const WsBarriers<ST>& w, const KeyMas
     }
   }
 }
-template <int ID>
-__device__ __forceinline__ void named_sync(int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-template <int ID>
-__device__ __forceinline__ void named_arrive(int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -355,13 +356,13 @@ struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
 };
 
 /// The warp-specialized wgmma forward (FlashAttention-3's structure; d = 64, 128 and 256, softcap or not).
-/// - Warpgroup 2 is the producer: it gives back registers (setmaxnreg) and loads Q and then every K/V tile
+/// - The last warpgroup is the producer: it gives back registers (setmaxnreg) and loads Q and then every K/V tile
 ///   into stage t mod STAGES, which completes the stage's "full" mbarrier; before refilling a stage it waits
 ///   on its "empty" mbarrier (tc::ws_produce). With TMA descriptors (a.tma.on) one thread issues the whole
 ///   tiles; else its 128 threads issue 16-byte cp.async, each arriving on the barrier when its copies land.
-/// - Warpgroups 0 and 1 compute as in tc_wgmma_forward_kernel (64 rows each), with no block-wide barrier:
-///   each waits on the stage's full barrier, issues S_t = Q·K_tᵀ and then O += P_{t-1}·V_{t-1} in its turn
-///   (named barriers 1 and 2 alternate the turns, so one warpgroup's softmax runs while the other's products
+/// - The others compute 64 rows each, with no block-wide barrier: each waits on the stage's full barrier,
+///   issues S_t = Q·K_tᵀ and then O += P_{t-1}·V_{t-1} in its turn (warpgroup w waits on named barrier 1 + w
+///   and hands the turn to the next, round robin, so one warpgroup's softmax runs while the others' products
 ///   do), waits for S_t, computes the softmax of tile t in place, waits for O += P_{t-1}·V_{t-1}, arrives on
 ///   stage t - 1's empty barrier, rescales O and packs P_t.
 template <int D, bool Softcap, class T, class OutT>
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     tc_wgmma_ws_forward_kernel(const __grid_constant__ WgmmaWsForwardArgs<OutT> a) {
 #if KFA_WGMMA_DEVICE
   using Shape = WgmmaWsForwardShape<D>;
-  constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
+  constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128, NC = Shape::consumers;
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
@@ -382,12 +383,12 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
   const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
   const bool tma = a.tma.on != 0;
-  if (threadIdx.x == 0) bar.init(tma ? 1 : NP);
+  if (threadIdx.x == 0) bar.init(tma ? 1 : NP, 128 * NC);
   __syncthreads();  // the last block-wide barrier: the producer leaves early
 
-  if (wg == 2) {  // the producer
+  if (wg == NC) {  // the producer
     tc::setmaxnreg_dec<24>();
-    const int tid = threadIdx.x - 256;
+    const int tid = threadIdx.x - 128 * NC;
     if (tma) {
       if (tid == 0) {
         for (int i = 0; i < 3; ++i) tc::tma_prefetch(a.tma, i);
@@ -427,8 +428,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     return;
   }
 
-  tc::setmaxnreg_inc<240>();
-  const int wr0 = i0 + warp * 16;  // this warp's first query row
+  tc::setmaxnreg_inc<NC == 3 ? 160 : 240>();  // (NC · R + 24) · 128 registers fit the SM's 65,536
+  const int wr0 = i0 + warp * 16;             // this warp's first query row
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
@@ -505,10 +506,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     tc::mbar_wait(bar.full(st), use & 1);
     tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes;
-    if (wg == 0)
-      tc::named_sync<1>(256);
-    else
-      tc::named_sync<2>(256);
+    tc::named_sync(1 + wg, 256);
     tc::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -534,15 +532,12 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     }
     tc::wgmma_commit();
   };
-  auto hand_over = [&] {  // the other warpgroup's turn
-    if (wg == 0)
-      tc::named_arrive<2>(256);
-    else
-      tc::named_arrive<1>(256);
+  auto hand_over = [&] {  // the next warpgroup's turn
+    tc::named_arrive(wg + 1 == NC ? 1 : 2 + wg, 256);
   };
 
   tc::mbar_wait(bar.head(), 0);
-  if (wg == 1) tc::named_arrive<1>(256);  // warpgroup 0 takes the first turn
+  if (wg == NC - 1) tc::named_arrive(1, 256);  // warpgroup 0 takes the first turn
   // Tile t of the block (over all passes, as tc::ws_produce loads them) is in stage t mod ST, its (t / ST)-th
   // use. Each pass ends its pipeline and releases its last stage.
   int st = 0;
@@ -583,7 +578,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     tc::wgmma_hold(acc);
     tc::mbar_arrive(bar.empty(prev));  // the next pass's tiles may refill it
   }
-  if (wg == 0) tc::named_sync<1>(256);  // warpgroup 1's last turn handed over: barrier 1 ends balanced
+  if (wg == 0) tc::named_sync(1, 256);  // the last warpgroup's last turn handed over: barrier 1 ends balanced
 
   OutT* obase = a.o + b * a.o_s[0] + h * a.o_s[2];
   float* lbase = a.lse + b * a.l_s[0] + h * a.l_s[1];
