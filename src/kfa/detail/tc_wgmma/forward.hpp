@@ -22,7 +22,7 @@
 /// own build adds with KFA_ENABLE_SM90A); every other image has a trapping body. A binary may carry both an
 /// sm_90 and an sm_90a image and the CUDA runtime picks one per device, so the plan asks the device once
 /// which one it loaded (wgmma_loaded) and runs the FA2-layout kernel where it is not the sm_90a one.
-#include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, native_forward_launch
+#include <kfa/detail/cuda/native_args.hpp>  // Fa2ForwardArgs, set_forward_args, native_launch
 #include <kfa/detail/cuda/row_keys.hpp>     // tc::RowKeys, tc::softcap_and_mask_rows
 #include <kfa/detail/cuda/tma.hpp>
 
@@ -94,12 +94,11 @@ namespace tc {
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
       "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
       "+f"(d[3][2]), "+f"(d[3][3])
-#define KFA_WG_OPS_64                                                                                          \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
-      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
-      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
-      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define KFA_WG_OPS_64_HI                                                                                       \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]),     \
+      "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+      "+f"(d[7][2]), "+f"(d[7][3])
+#define KFA_WG_OPS_64 KFA_WG_OPS_32, KFA_WG_OPS_64_HI
 #define KFA_WG_OPS_128_HI                                                                                             \
   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]),            \
       "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),  \
@@ -225,6 +224,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
 #undef KFA_WG_REGS_128
 #undef KFA_WG_OPS_32
 #undef KFA_WG_OPS_64
+#undef KFA_WG_OPS_64_HI
 #undef KFA_WG_OPS_128_HI
 #undef KFA_WG_SS
 #undef KFA_WG_RS
