@@ -191,8 +191,9 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
   }
 }
 
-// The tensor-core kernels on strided views, head dims 64 and 128 (the wgmma kernels on Hopper, which load them
-// with TMA there: its descriptors order the head and row dimensions by stride): every tensor in
+// The tensor-core kernels on strided views, head dims 64, 96 and 128 (the wgmma kernels on Hopper, which load
+// them with TMA there: its descriptors order the head and row dimensions by stride, and at d = 96 a row's second
+// 64-element box ends past the head dim, inside the packed row's next tensor): every tensor in
 // [batch][head][row][d] memory (heads outside rows), and q, k, v packed as [batch][row][3][head][d] with the
 // gradients packed the same way; forward and backward against the float64 reference.
 TYPED_TEST(Paths, TensorCoreStridedLayouts) {
@@ -207,7 +208,7 @@ TYPED_TEST(Paths, TensorCoreStridedLayouts) {
       return S4(buf.data(), Kokkos::LayoutStride(b, std::size_t(h) * n * d, n, d, h, std::size_t(n) * d, d, 1));
     };
     const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
-    for (int d : {64, 128}) {
+    for (int d : {64, 96, 128}) {
       for (int packed = 0; packed < 2; ++packed) {
         // Many tiles on both sides (refills of every stage); GQA and seq_q != seq_k where not packed.
         const Shape s = packed ? Shape{1, 520, 520, 2, 2, d} : Shape{1, small ? 200 : 600, 520, 4, 2, d};
@@ -510,6 +511,18 @@ TYPED_TEST(Paths, PlansNameTheFamilyThatRuns) {
       EXPECT_EQ(b.tiles.dq.team_size, 32 * kfa::detail::WgmmaWsDqShape<d>::warps) << b.region;
     } else {
       std::printf("[ note ] the wgmma backward cannot run here: %s\n", wgmma_bwd_why.c_str());
+    }
+    {  // d = 96: the wgmma kernels too, in d = 128's tiles, exactly where they say they can run
+      Tensor<T> x("x", 1, 300, 2, 96), y("y", 1, 300, 2, 96), gq("gq", 1, 300, 2, 96), gk("gk", 1, 300, 2, 96),
+          gv("gv", 1, 300, 2, 96);
+      kfa::AttentionOptions a;
+      const kfa::ForwardPlan f96 = kfa::plan_forward(Exec(), x, x, x, y, a);
+      const kfa::BackwardPlan b96 = kfa::plan_backward(Exec(), x, x, x, y, gq, gk, gv, a);
+      const bool fwd96 = kfa::detail::wgmma_forward_why_not(Exec(), 96, 300, a).empty();
+      EXPECT_EQ(f96.family == P::tensor_core_wgmma, fwd96) << f96.region;
+      if (fwd96) EXPECT_EQ(f96.tiles.block_q, 128) << f96.region;
+      EXPECT_EQ(b96.wgmma, kfa::detail::wgmma_backward_why_not(Exec(), 96, false, a).empty()) << b96.region;
+      if (b96.wgmma) EXPECT_EQ(b96.tiles.dkdv.block_k, 128) << b96.region;
     }
     opts.path = P::tensor_core_fa2;
     EXPECT_FALSE(kfa::plan_backward(Exec(), q, k, v, d_o, dq, dk, dv, opts).wgmma);

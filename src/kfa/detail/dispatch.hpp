@@ -60,9 +60,9 @@ std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
 
 /// Whether deterministic = false fuses dQ into the dK/dV kernel at head dim d on `space`. Where the wgmma
 /// backward runs: at d = 64 (its dK/dV kernel with dQ reduced in fp32, 1.03-1.08x forward+backward against its
-/// two deterministic kernels; H100, bf16, N 8192/16384, kfa vs kfa in one run), not at d = 128 (0.98-1.05x:
-/// the fp32 reductions' traffic, not the product, is the cost). Elsewhere: not at d = 64 where the FA2-layout
-/// dQ kernel runs, because there the two-kernel backward was measured faster (H200, bf16, forward+backward
+/// two deterministic kernels; H100, bf16, N 8192/16384, kfa vs kfa in one run), not at d = 96 and 128 (at 128
+/// 0.98-1.05x: the fp32 reductions' traffic, not the product, is the cost). Elsewhere: not at d = 64 where the
+/// FA2-layout dQ kernel runs, because there the two-kernel backward was measured faster (H200, bf16, forward+backward
 /// 0.82-0.86x torch's flash against 0.75-0.81x with atomic dQ). `wgmma_allowed`: opts.path lets the backward
 /// take the wgmma kernels.
 template <class ExecSpace>
@@ -117,7 +117,7 @@ template <int D, bool Softcap, bool FuseDq, class ExecSpace, class Args>
 void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, const TcBackwardKernels& kn) {
 #if KFA_HAS_TENSOR_CORES
   const auto& k = args.k;
-  if constexpr (D % 64 == 0 && D <= 128 && (!FuseDq || D == 64) && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+  if constexpr (wgmma_backward_head_dim(D) && (!FuseDq || D == 64) && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (kn.wgmma) {
       using S = WgmmaBackwardShape<D, FuseDq>;
       auto run = [&](auto tma) {  // the kernel loading by TMA where its descriptors are made, else by cp.async
@@ -226,7 +226,7 @@ void tc_backward_launch_d(const ExecSpace& space, const Args& args, const TcBack
   }
   if (k.extent(1) > 0 && parts != BackwardParts::dq) tc_dkdv_launch<D, Softcap, false>(space, args, nullptr, kn);
   if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
-    if constexpr (D % 64 == 0 && D <= 128 && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if constexpr (wgmma_backward_head_dim(D) && std::is_same<ExecSpace, Kokkos::Cuda>::value) {
       if (kn.wgmma) {
         wgmma_dq_launch_d<D, Softcap>(space, args);
         return;

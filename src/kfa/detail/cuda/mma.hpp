@@ -55,7 +55,8 @@ decltype(auto) tc_head_dim_switch(int d, F&& f) {
   if (d == 96) return f(std::integral_constant<int, 96>{});
   return f(std::integral_constant<int, 128>{});
 }
-/// The same over fa2_head_dim_supported (the FA2-layout kernels' launchers and tile queries only).
+/// The same over fa2_head_dim_supported (the FA2-layout kernels' launchers and tile queries, and the wgmma
+/// forward's, which has the same head dims).
 template <class F>
 decltype(auto) fa2_head_dim_switch(int d, F&& f) {
   if (d == 256) return f(std::integral_constant<int, 256>{});

@@ -90,15 +90,16 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::ui
 __device__ __forceinline__ void tma_prefetch(const TmaMaps& t, int i) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&t.map[i])) : "memory");
 }
-/// ROWS rows (from `row`) × D elements of head h of batch b of descriptor i's tensor into D/64 panels of
-/// ROWS × 128 B at dst (a multiple of 1024), completing ROWS·D·2 bytes on the mbarrier at bar. One thread.
+/// ROWS rows (from `row`) × D elements of head h of batch b of descriptor i's tensor into ⌈D/64⌉ panels of
+/// ROWS × 128 B at dst (a multiple of 1024), completing ROWS·64·⌈D/64⌉·2 bytes on the mbarrier at bar (columns
+/// past the head dim, as the second panel of d = 96, come as zeros). One thread.
 template <int D, int ROWS>
 __device__ __forceinline__ void tma_rows(std::uint32_t dst, const TmaMaps& t, int i, int row, int h, int b,
                                          std::uint32_t bar) {
   const std::uint64_t map = reinterpret_cast<std::uint64_t>(&t.map[i]);
   const int c1 = t.heads_inner[i] ? h : row, c2 = t.heads_inner[i] ? row : h;
 #pragma unroll
-  for (int p = 0; p < D / 64; ++p)
+  for (int p = 0; p < (D + 63) / 64; ++p)
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
         "%5}], [%6];\n" ::"r"(dst + static_cast<std::uint32_t>(p * ROWS * 128)),

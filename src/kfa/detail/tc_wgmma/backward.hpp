@@ -76,22 +76,23 @@ __device__ __forceinline__ void pingpong_after_second(int wg) {
 /// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], `stages` stages of Q and dO [BQ][D]
 /// (16-bit, unpadded) and of the rows' lse and D (fp32), a "full" mbarrier per stage (TMA), and 1 KB to
 /// align the tiles to the swizzle's period (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or
-/// 32.5 KB). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t. Fused (dQ
-/// accumulated in the kernel): dS [BQ][BK] of two steps as the A operand of dQ += dS·K and a step's dQ [BQ][D]
-/// in fp32 (d = 128: 64 KB more, 227 KB in all).
+/// 32.5 KB; d = 96 takes d = 128's, its rows in two panels: wgmma_row_elems). Three stages (2 to 4 work): the
+/// loads of step t + stages − 1 are issued at step t. Fused (dQ accumulated in the kernel, d = 64 only): dS
+/// [BQ][BK] of two steps as the A operand of dQ += dS·K and a step's dQ [BQ][D] in fp32.
 template <int D, bool Fused = false>
 struct WgmmaBackwardShape {
   static constexpr int warps = 8;      // two warpgroups
   static constexpr int block_k = 128;  // owned keys, 64 per warpgroup
   static constexpr int block_q = 64;   // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
   static constexpr int stages = 3;
-  static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * D * 2;         // one Q or dO tile
-  static constexpr std::size_t tile_ds = static_cast<std::size_t>(block_q) * block_k * 2;  // one dS (Fused)
+  static constexpr int row_elems = wgmma_row_elems(D);
+  static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * row_elems * 2;  // one Q or dO tile
+  static constexpr std::size_t tile_ds = static_cast<std::size_t>(block_q) * block_k * 2;   // one dS (Fused)
   static constexpr std::size_t ds_bytes = Fused ? 2 * tile_ds : 0u;
   static constexpr std::size_t dq_bytes = Fused ? static_cast<std::size_t>(block_q) * D * 4 : 0u;
-  static constexpr std::size_t smem = 2u * block_k * D * 2 + stages * 2u * tile_q + ds_bytes + dq_bytes +
+  static constexpr std::size_t smem = 2u * block_k * row_elems * 2 + stages * 2u * tile_q + ds_bytes + dq_bytes +
                                       stages * 2u * block_q * 4 + 8u * stages + 1024;
-  static_assert(D % 64 == 0 && D <= 128, "64-element panels; wgmma's n of dV and dK is D");
+  static_assert(wgmma_backward_head_dim(D) && (!Fused || D == 64), "wgmma's n of dV and dK is D; fused: d = 64");
   static_assert(stages >= 2 && stages <= 4, "2 to 4 stages");
 };
 
@@ -256,7 +257,8 @@ struct TcWgmmaDkDvKernel {
     // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, (Fused) dS, then [stage][lse | D] rows. Tiles
     // start at a multiple of 1024 B: the swizzle is a function of the address bits.
     const std::uint32_t base = tc::smem_addr(smem);
-    const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + BK * D * 2, stage0 = vs + BK * D * 2;
+    constexpr std::uint32_t kv_tile = BK * Shape::row_elems * 2;  // one K or V tile
+    const std::uint32_t ks = (base + 1023u) & ~1023u, vs = ks + kv_tile, stage0 = vs + kv_tile;
     constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
     const std::uint32_t ds_s = stage0 + ST * 2 * tile_q, dq_s = ds_s + static_cast<std::uint32_t>(Shape::ds_bytes);
     const std::uint32_t rows0 = dq_s + static_cast<std::uint32_t>(Shape::dq_bytes);
@@ -305,7 +307,7 @@ struct TcWgmmaDkDvKernel {
       l2 = in ? recompute_lse(static_cast<float>(lse(b, hq, i))) * tc::log2e : compat::infinity<float>();
       d = in ? static_cast<float>(dd(b, hq, i)) : 0.f;
     };
-    constexpr std::uint32_t kv_bytes = 2u * BK * D * 2;
+    constexpr std::uint32_t kv_bytes = 2u * kv_tile;
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
@@ -319,7 +321,7 @@ struct TcWgmmaDkDvKernel {
 
     // This warp's key rows kr0 and kr0 + 8 (tile-local); the warpgroup's K and V rows in each panel.
     const int kr0 = wg * 64 + (warp & 3) * 16 + g;
-    const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(wg * 64 * 128), v_wg = k_wg + BK * D * 2;
+    const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(wg * 64 * 128), v_wg = k_wg + kv_tile;
 
     // One pass per document the block's keys meet (one without documents), dK and dV carried across. Step s of a
     // pass is step done + s of the block (done: the earlier passes' steps), in stage (done + s) mod ST, its
@@ -537,7 +539,8 @@ struct TcWgmmaDkDvKernel {
 
 /// Tiles of the warp-specialized wgmma dQ kernel: three warpgroups (two compute 64 query rows each, one loads),
 /// Q and dO of the block, `stages` stages of 64-key K and V tiles (16-bit, unpadded), 1 KB of alignment slack,
-/// the mbarriers (Q/dO, then full and empty per stage). 4 stages: d = 64 97 KB, d = 128 193 KB. The backward
+/// the mbarriers (Q/dO, then full and empty per stage). 4 stages: d = 64 97 KB, d = 96 and 128 193 KB (rows of
+/// wgmma_row_elems). The backward
 /// with this kernel ran 1.03–1.10× the one with a two-warpgroup dQ kernel of 128-key tiles (H200, bf16,
 /// d 64/128, N 4096–16384, kfa vs kfa in one run).
 template <int D>
@@ -546,9 +549,10 @@ struct WgmmaWsDqShape {
   static constexpr int block_q = 128;
   static constexpr int block_k = 64;
   static constexpr int stages = 4;
-  static constexpr std::size_t tile_bytes = static_cast<std::size_t>(2 * block_q + 2 * stages * block_k) * D * 2;
+  static constexpr std::size_t tile_bytes =
+      static_cast<std::size_t>(2 * block_q + 2 * stages * block_k) * wgmma_row_elems(D) * 2;
   static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
-  static_assert((D == 64 || D == 128) && stages >= 2, "d = 64 or 128; at least double-buffered");
+  static_assert(wgmma_backward_head_dim(D) && stages >= 2, "d = 64, 96 or 128; at least double-buffered");
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -572,16 +576,17 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 #if KFA_WGMMA_DEVICE
   using Shape = WgmmaWsDqShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128;
+  constexpr int DP = wgmma_row_elems(D);  // a row's elements in shared memory
   extern __shared__ __align__(1024) unsigned char wgmma_ws_dq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
 
-  // Q, dO, then stage s's K at ks0 + s·2·BC·D·2 and V right after it, each at a multiple of 1024 B; barriers.
-  const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * D * 2;
-  const std::uint32_t ks0 = dos + BQ * D * 2;
-  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+  // Q, dO, then stage s's K at ks0 + s·2·BC·DP·2 and V right after it, each at a multiple of 1024 B; barriers.
+  const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * DP * 2;
+  const std::uint32_t ks0 = dos + BQ * DP * 2;
+  constexpr std::uint32_t kv_bytes = BC * DP * 2, stage_bytes = 2 * kv_bytes;
   const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
   const bool tma = a.tma.on != 0;
   if (threadIdx.x == 0) bar.init(tma ? 1 : NP, 256);
@@ -596,7 +601,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
         tc::ws_produce<ST, long>(
             bar, a.mask, i0, i0 + rows, BC,
             [&](std::uint32_t full) {
-              tc::mbar_arrive_expect_tx(full, 2 * BQ * D * 2);
+              tc::mbar_arrive_expect_tx(full, 2 * BQ * DP * 2);
               tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
               tc::tma_rows<D, BQ>(dos, a.tma, 1, i0, h, b, full);
             },
@@ -648,7 +653,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   std::uint32_t da[BC / 16][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128), do_wg = q_wg + BQ * D * 2;
+  const std::uint32_t q_wg = qs + static_cast<std::uint32_t>(wg * 64 * 128), do_wg = q_wg + BQ * DP * 2;
   KeyRule mask;  // the pass's: one per document the block's rows meet (one without documents)
   long j_begin = 0, j_end = 0;
 
@@ -803,20 +808,21 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
 #endif  // KFA_HAS_TENSOR_CORES
 
 /// Why the wgmma backward kernels (dK/dV and dQ) cannot run head dim d on this space's device ("" when they
-/// can): the deterministic backward only (the atomic-dQ one fuses dQ into the FA2-layout dK/dV kernel), head
-/// dim 64 or 128, a compute capability 9.0 device running kfa's sm_90a image, the shared memory.
+/// can): head dim 64, 96 or 128 (fused: 64), a compute capability 9.0 device running kfa's sm_90a image, the
+/// shared memory.
 template <class ExecSpace>
 std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma backward");
   if (!wgmma_backward_head_dim(d))
-    return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64 and 128)";
+    return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64, 96 and 128)";
   if (fused && d != 64)
     return "opts.deterministic = false at head_dim = " + std::to_string(d) +
            " (the wgmma dK/dV kernel fuses dQ at 64 only; at 128 that was no faster than its two deterministic "
            "kernels)";
-  const std::size_t smem = fused     ? WgmmaBackwardShape<64, true>::smem
-                           : d == 64 ? std::max(WgmmaBackwardShape<64>::smem, WgmmaWsDqShape<64>::smem)
-                                     : std::max(WgmmaBackwardShape<128>::smem, WgmmaWsDqShape<128>::smem);
+  const std::size_t smem = fused ? WgmmaBackwardShape<64, true>::smem : tc_head_dim_switch(d, [](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    return std::max(WgmmaBackwardShape<D>::smem, WgmmaWsDqShape<D>::smem);
+  });
   return wgmma_device_problem(space, smem, "the wgmma backward");
 }
 

@@ -20,21 +20,17 @@ std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, con
   if (seq_k > 2147483647L - 256)
     return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
   if (wgmma_forward_head_dim(d)) {
-    const int block_q = d == 64    ? WgmmaWsForwardShape<64>::block_q
-                        : d == 128 ? WgmmaWsForwardShape<128>::block_q
-                                   : WgmmaWsForwardShape<256>::block_q;
-    const int block_k = d == 64    ? WgmmaWsForwardShape<64>::block_k
-                        : d == 128 ? WgmmaWsForwardShape<128>::block_k
-                                   : WgmmaWsForwardShape<256>::block_k;
-    const std::string why = tc_block_problem(opts, block_q, block_k, "forward");
+    const std::string why = fa2_head_dim_switch(d, [&](auto dc) {
+      using S = WgmmaWsForwardShape<decltype(dc)::value>;
+      return tc_block_problem(opts, S::block_q, S::block_k, "forward");
+    });
     if (!why.empty()) return why;
   }
   return wgmma_forward_problem(space, d);
 }
 inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
-  return d == 64    ? native_forward_tiles<WgmmaWsForwardShape<64>>(smem_max)
-         : d == 128 ? native_forward_tiles<WgmmaWsForwardShape<128>>(smem_max)
-                    : native_forward_tiles<WgmmaWsForwardShape<256>>(smem_max);
+  return fa2_head_dim_switch(
+      d, [&](auto dc) { return native_forward_tiles<WgmmaWsForwardShape<decltype(dc)::value>>(smem_max); });
 }
 
 /// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that
@@ -50,14 +46,13 @@ std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, co
         why = tc_block_problem(opts, WgmmaWsDqShape<D>::block_q, WgmmaWsDqShape<D>::block_k, "wgmma dQ kernel");
       return why;
     };
-    const std::string why =
-        d == 64 ? blocks(std::integral_constant<int, 64>{}) : blocks(std::integral_constant<int, 128>{});
+    const std::string why = tc_head_dim_switch(d, blocks);
     if (!why.empty()) return why;
   }
   return wgmma_backward_problem(space, d, fused);
 }
 
-/// The tiles of the wgmma backward kernels at head dim D (64 or 128).
+/// The tiles of the wgmma backward kernels at head dim D (64, 96 or 128).
 template <int D>
 BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
   using S = WgmmaBackwardShape<D>;
@@ -75,7 +70,7 @@ BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
   return t;
 }
 inline BackwardTileConfig wgmma_backward_tiles(int d, std::size_t smem_max) {
-  return d == 64 ? wgmma_backward_tiles<64>(smem_max) : wgmma_backward_tiles<128>(smem_max);
+  return tc_head_dim_switch(d, [&](auto dc) { return wgmma_backward_tiles<decltype(dc)::value>(smem_max); });
 }
 
 struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (forward.hpp)

@@ -35,14 +35,20 @@
 namespace kfa {
 namespace detail {
 
-/// Head dims of the wgmma forward: whole 64-element panels, O += P·V as wgmma products of n = D (64, 128) or
-/// two of n = 128 (256).
-inline bool wgmma_forward_head_dim(int d) {
-  return d == 64 || d == 128 || d == 256;
+/// Head dims of the wgmma forward: O += P·V as wgmma products of n = D (64, 96, 128) or two of n = 128 (256).
+KOKKOS_INLINE_FUNCTION constexpr bool wgmma_forward_head_dim(int d) {
+  return d == 64 || d == 96 || d == 128 || d == 256;
 }
-/// Head dims of the wgmma backward (backward.hpp): 64 and 128.
-inline bool wgmma_backward_head_dim(int d) {
-  return d == 64 || d == 128;
+/// Head dims of the wgmma backward (backward.hpp): 64, 96 and 128.
+KOKKOS_INLINE_FUNCTION constexpr bool wgmma_backward_head_dim(int d) {
+  return d == 64 || d == 96 || d == 128;
+}
+/// A row's elements in the wgmma kernels' shared tiles: head dim d in whole 64-element (128-byte) panels. At
+/// d = 96 a row's second panel is half used: the products read only the head dim's 96 (the instruction's K
+/// steps of S = Q·Kᵀ stop there, and O += P·V is one product of n = 96), so the rest is never read (TMA fills
+/// it with zeros, the cp.async path leaves it).
+KOKKOS_INLINE_FUNCTION constexpr int wgmma_row_elems(int d) {
+  return (d + 63) / 64 * 64;
 }
 
 /// Tiles of the warp-specialized forward (tc_wgmma_ws_forward_kernel): `consumers` warpgroups compute 64 query
@@ -57,6 +63,7 @@ inline bool wgmma_backward_head_dim(int d) {
 /// 1.03-1.12x the two-warpgroup kernel at two blocks per SM with 64-key tiles (same conditions). d = 256: Q is
 /// 64 KB, O 128 registers a thread; 4 stages of 32 keys (32 KB each, 193 KB in all) ran 1.11-1.28x 2 stages of
 /// 64 keys (H100, bf16, N 4096/16384, causal or not, kfa vs kfa in one run; 5 stages of 32: no faster).
+/// d = 96: d = 128's tiles (its rows take two panels all the same, wgmma_row_elems).
 template <int D>
 struct WgmmaWsForwardShape {
   static constexpr int consumers = D == 64 ? 3 : 2;  // warpgroups of 64 query rows
@@ -64,9 +71,10 @@ struct WgmmaWsForwardShape {
   static constexpr int min_blocks = 1;
   static constexpr int block_q = 64 * consumers;
   static constexpr int block_k = D == 256 ? 32 : 128;
-  static constexpr int stages = D == 256 ? 4 : D == 128 ? 3 : 4;
-  static_assert((D == 64 || D == 128 || D == 256) && stages >= 2, "d = 64, 128 or 256; at least double-buffered");
-  static constexpr std::size_t tile_bytes = static_cast<std::size_t>(block_q + 2 * stages * block_k) * D * 2;
+  static constexpr int stages = D == 64 || D == 256 ? 4 : 3;
+  static_assert(wgmma_forward_head_dim(D) && stages >= 2, "d = 64, 96, 128 or 256; at least double-buffered");
+  static constexpr std::size_t tile_bytes =
+      static_cast<std::size_t>(block_q + 2 * stages * block_k) * wgmma_row_elems(D) * 2;
   /// the tiles, 1 KB of alignment slack and the mbarriers (Q, then full and empty per stage)
   static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
 };
@@ -82,6 +90,12 @@ namespace tc {
   "{"                                                                              \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+#define KFA_WG_REGS_96                                                               \
+  "{"                                                                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"   \
   "}"
 #define KFA_WG_REGS_128                                                              \
   "{"                                                                                \
@@ -99,12 +113,14 @@ namespace tc {
       "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
       "+f"(d[7][2]), "+f"(d[7][3])
 #define KFA_WG_OPS_64 KFA_WG_OPS_32, KFA_WG_OPS_64_HI
+#define KFA_WG_OPS_96_HI                                                                                             \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]),           \
+      "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), \
+      "+f"(d[11][2]), "+f"(d[11][3])
 #define KFA_WG_OPS_128_HI                                                                                             \
-  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]),            \
-      "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),  \
-      "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), \
-      "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-      "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+  KFA_WG_OPS_96_HI, "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),   \
+      "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), \
+      "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
 // D = A·B (+ D where the scale_d operand is non-zero); A and B from shared memory (descriptors); A K-major,
 // B K-major (operand TB 0) or read transposed (1: MN-major).
 #define KFA_WG_SS(N, TY, REGS, A, B, S, TB)                                                                        \
@@ -207,8 +223,17 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
       asm volatile(KFA_WG_RS("64", "f16", KFA_WG_REGS_64, "32", "33", "34", "35", "36", "37")
                    : KFA_WG_OPS_64
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+  } else if constexpr (N == 96) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_RS("96", "bf16", KFA_WG_REGS_96, "48", "49", "50", "51", "52", "53")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_96_HI
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
+    else
+      asm volatile(KFA_WG_RS("96", "f16", KFA_WG_REGS_96, "48", "49", "50", "51", "52", "53")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_96_HI
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(one));
   } else {
-    static_assert(N == 128, "n = 64 or 128");
+    static_assert(N == 128, "n = 64, 96 or 128");
     if constexpr (bf)
       asm volatile(KFA_WG_RS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66", "67", "68", "69")
                    : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
@@ -221,27 +246,32 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
 }
 #undef KFA_WG_REGS_32
 #undef KFA_WG_REGS_64
+#undef KFA_WG_REGS_96
 #undef KFA_WG_REGS_128
 #undef KFA_WG_OPS_32
 #undef KFA_WG_OPS_64
 #undef KFA_WG_OPS_64_HI
+#undef KFA_WG_OPS_96_HI
 #undef KFA_WG_OPS_128_HI
 #undef KFA_WG_SS
 #undef KFA_WG_RS
 
 /// Copies ROWS × D 16-bit elements (row r at src + r·stride) into 64-element panels of ROWS × 128 B under
 /// the 128-byte swizzle: chunk x of row r goes to panel x / 8, chunk (x mod 8) ^ (r mod 8); rows ≥ valid
-/// are zeroed. NT threads, each keeping one chunk column, dr = NT / (D/8) rows apart pass by pass: a thread's
-/// swizzled chunk repeats every `period` passes (1 where dr is a multiple of 8, up to d = 128; 2 at d = 256
-/// with 128 threads), so it keeps that many addresses (few registers: the producers run on 24).
+/// are zeroed. NT threads, each keeping one chunk column of the panels (wgmma_row_elems(D) / 8 of them; the
+/// threads of the columns past D, half of d = 96's second panel, copy nothing), dr = NT / columns rows apart
+/// pass by pass: a thread's swizzled chunk repeats every `period` passes (1 where dr is a multiple of 8, up to
+/// d = 128; 2 at d = 256 with 128 threads), so it keeps that many addresses (few registers: the producers run
+/// on 24).
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, const std::uint16_t* src, long stride, int valid,
                                                 int tid) {
-  constexpr int chunks = D / 8;
+  constexpr int chunks = wgmma_row_elems(D) / 8;
   constexpr int dr = NT / chunks;
   constexpr int period = dr % 8 == 0 ? 1 : 8 / dr;
   static_assert(NT % chunks == 0 && (dr % 8 == 0 || 8 % dr == 0) && ROWS % (dr * period) == 0, "whole periods");
   const int r0 = tid / chunks, x = tid % chunks;
+  if (D % 64 != 0 && x >= D / 8) return;
   const std::uint16_t* p = src + static_cast<long>(r0) * stride + x * 8;
   std::uint32_t d[period];
 #pragma unroll
@@ -355,7 +385,7 @@ struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
   TmaMaps tma;
 };
 
-/// The warp-specialized wgmma forward (FlashAttention-3's structure; d = 64, 128 and 256, softcap or not).
+/// The warp-specialized wgmma forward (FlashAttention-3's structure; d = 64, 96, 128 and 256, softcap or not).
 /// - The last warpgroup is the producer: it gives back registers (setmaxnreg) and loads Q and then every K/V tile
 ///   into stage t mod STAGES, which completes the stage's "full" mbarrier; before refilling a stage it waits
 ///   on its "empty" mbarrier (tc::ws_produce). With TMA descriptors (a.tma.on) one thread issues the whole
@@ -371,6 +401,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
 #if KFA_WGMMA_DEVICE
   using Shape = WgmmaWsForwardShape<D>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128, NC = Shape::consumers;
+  constexpr int DP = wgmma_row_elems(D);  // a row's elements in shared memory
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
@@ -379,8 +410,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
   const float ninf = -compat::infinity<float>();
 
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
-  const std::uint32_t ks0 = qs + BQ * D * 2;  // stage s: K at ks0 + s·2·BC·D·2, V right after it
-  constexpr std::uint32_t kv_bytes = BC * D * 2, stage_bytes = 2 * kv_bytes;
+  const std::uint32_t ks0 = qs + BQ * DP * 2;  // stage s: K at ks0 + s·2·BC·DP·2, V right after it
+  constexpr std::uint32_t kv_bytes = BC * DP * 2, stage_bytes = 2 * kv_bytes;
   const tc::WsBarriers<ST> bar{qs + static_cast<std::uint32_t>(Shape::tile_bytes)};
   const bool tma = a.tma.on != 0;
   if (threadIdx.x == 0) bar.init(tma ? 1 : NP, 128 * NC);
@@ -395,7 +426,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
         tc::ws_produce<ST, int>(  // int key positions: seq_k < 2^31 - 256 (wgmma_forward_why_not)
             bar, a.mask, i0, i0 + rows, BC,
             [&](std::uint32_t full) {
-              tc::mbar_arrive_expect_tx(full, BQ * D * 2);
+              tc::mbar_arrive_expect_tx(full, BQ * DP * 2);
               tc::tma_rows<D, BQ>(qs, a.tma, 0, i0, h, b, full);
             },
             [&](int st, int j0, int, std::uint32_t full) {
@@ -516,7 +547,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
     }
     tc::wgmma_commit();
   };
-  // O += P·V: one product of n = D, or at D = 256 two of n = 128 (two 64-element panels of V each).
+  // O += P·V: one product of n = D (at 96 it reads V's first panel and half the second), or at D = 256 two of
+  // n = 128 (two 64-element panels of V each).
   auto issue_pv = [&](int st) {
     const std::uint32_t vst = ks0 + st * stage_bytes + kv_bytes;
 #pragma unroll
@@ -661,16 +693,15 @@ std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const
   return "it is a Kokkos::Cuda kernel for sm_90a";
 }
 
-/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): head dim 64, 128 or 256,
+/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): head dim 64, 96, 128, 256,
 /// then wgmma_device_problem.
 template <class ExecSpace>
 std::string wgmma_forward_problem(const ExecSpace& space, int d) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
   if (!wgmma_forward_head_dim(d))
-    return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64, 128 and 256)";
-  const std::size_t smem = d == 64    ? WgmmaWsForwardShape<64>::smem
-                           : d == 128 ? WgmmaWsForwardShape<128>::smem
-                                      : WgmmaWsForwardShape<256>::smem;
+    return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64, 96, 128 and 256)";
+  const std::size_t smem =
+      fa2_head_dim_switch(d, [](auto dc) { return WgmmaWsForwardShape<decltype(dc)::value>::smem; });
   return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
@@ -698,13 +729,7 @@ void wgmma_forward_launch(const Kokkos::Cuda& space, const Args& args) {
     else
       wgmma_forward_launch_d<D, false>(space, args);
   };
-  const auto d = args.q.extent(3);
-  if (d == 64)
-    launch(std::integral_constant<int, 64>{});
-  else if (d == 128)
-    launch(std::integral_constant<int, 128>{});
-  else
-    launch(std::integral_constant<int, 256>{});
+  fa2_head_dim_switch(static_cast<int>(args.q.extent(3)), launch);
 }
 #endif
 
