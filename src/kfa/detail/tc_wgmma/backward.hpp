@@ -17,7 +17,8 @@
 ///   dV += Pᵀ·dO, dK += dSᵀ·Q     m64nDk16, A from registers, B = the dO or Q tile read transposed
 ///                               (MN-major, as V in the forward's O += P·V).
 /// dK and dV stay in fp32 registers (2·D/2 per thread) over the whole key block; no atomics (bitwise
-/// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name.
+/// reproducible). Tiles are unpadded 64-element panels under the 128-byte swizzle the descriptors name (d = 96:
+/// two per row, the second half-used, wgmma_row_elems).
 /// dQ comes from a second kernel here, the wgmma forward's layout with the dQ kernel's recomputation, warp-
 /// specialized (tc_wgmma_ws_dq_kernel: a producer warpgroup and 4 stages of 64-key K/V tiles loaded by TMA,
 /// as the warp-specialized forward). With deterministic = false at d = 64 the dK/dV kernel computes dQ too

@@ -14,7 +14,7 @@
 ///   dim contiguous: "MN-major").
 /// - Shared tiles have no padding: rows of 64-element (128-byte) panels under the 128-byte swizzle that the
 ///   instruction's descriptors name (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), so a
-///   d = 128 row is two panels.
+///   d = 128 row is two panels (d = 96 too, the second half-used: wgmma_row_elems).
 /// - The scores' softcap, mask and online softmax (lazy rescaling, base 2) are those of the FA2-layout
 ///   kernel, per warp on its 16 rows; the accumulators have the m16n8 C layout per warp.
 ///
