@@ -541,9 +541,8 @@ struct TcWgmmaDkDvKernel {
 /// Tiles of the warp-specialized wgmma dQ kernel: three warpgroups (two compute 64 query rows each, one loads),
 /// Q and dO of the block, `stages` stages of 64-key K and V tiles (16-bit, unpadded), 1 KB of alignment slack,
 /// the mbarriers (Q/dO, then full and empty per stage). 4 stages: d = 64 97 KB, d = 96 and 128 193 KB (rows of
-/// wgmma_row_elems). The backward
-/// with this kernel ran 1.03–1.10× the one with a two-warpgroup dQ kernel of 128-key tiles (H200, bf16,
-/// d 64/128, N 4096–16384, kfa vs kfa in one run).
+/// wgmma_row_elems). The backward with this kernel ran 1.03–1.10× the one with a two-warpgroup dQ kernel of
+/// 128-key tiles (H200, bf16, d 64/128, N 4096–16384, kfa vs kfa in one run).
 template <int D>
 struct WgmmaWsDqShape {
   static constexpr int warps = 12;
