@@ -163,8 +163,9 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
   if constexpr (!kfa::has_tensor_core_path<Exec, T>::value) {
     GTEST_SKIP() << "no tensor-core path for " << kfa::dtype_name<T>() << " on " << Exec::name();
   } else {
-    // KFA_TEST_SMALL=1 (used under compute-sanitizer): two masked cases per head dim, with softcap and without
-    // (the warp-specialized wgmma forward runs without; 600 keys are five 128-key tiles through its three stages).
+    // KFA_TEST_SMALL=1 (used under compute-sanitizer): two masked cases per head dim, with softcap and without.
+    // 600 keys take the warp-specialized wgmma forward's K/V ring around more than once: five 128-key tiles
+    // through its three stages (d = 64: four), with softcap at d = 64 seven 96-key tiles through five.
     const bool small = std::getenv("KFA_TEST_SMALL") != nullptr;
     for (int d : {64, 96, 128}) {
       RefOptions ro;
@@ -173,7 +174,7 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
         c.causal = true;
         check_paths_agree<T>({1, 130, 600, 2, 1, d}, c);
         c.softcap = 20.0;
-        check_paths_agree<T>({1, 130, 150, 2, 1, d}, c);
+        check_paths_agree<T>({1, 130, 600, 2, 1, d}, c);
         continue;
       }
       check_paths_agree<T>({2, 200, 200, 2, 2, d}, ro);  // partial last tiles on both sides
@@ -187,6 +188,9 @@ TYPED_TEST(Paths, TensorCoreAgreesWithPortableAndReference) {
       w.window_right = 5;
       w.softcap = 20.0;
       check_paths_agree<T>({1, 257, 190, 2, 2, d}, w);
+      RefOptions sc;  // softcap over many key tiles (the ring of stages more than once), partial last tile
+      sc.softcap = 30.0;
+      check_paths_agree<T>({1, 190, 1000, 2, 1, d}, sc);
     }
   }
 }

@@ -14,23 +14,26 @@
 namespace kfa {
 namespace detail {
 
+/// The wgmma forward's tiles at head dim d, with softcap or not.
+inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max, bool softcap) {
+  return fa2_head_dim_switch(d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    return softcap ? native_forward_tiles<WgmmaWsForwardShape<D, true>>(smem_max)
+                   : native_forward_tiles<WgmmaWsForwardShape<D>>(smem_max);
+  });
+}
+
 /// Why the wgmma forward cannot run these inputs ("" when it can); the device probe (wgmma_loaded) last.
 template <class ExecSpace>
 std::string wgmma_forward_why_not(const ExecSpace& space, int d, long seq_k, const AttentionOptions& opts) {
   if (seq_k > 2147483647L - 256)
     return "seq_k = " + std::to_string(seq_k) + " (the wgmma forward indexes keys with 32-bit ints)";
   if (wgmma_forward_head_dim(d)) {
-    const std::string why = fa2_head_dim_switch(d, [&](auto dc) {
-      using S = WgmmaWsForwardShape<decltype(dc)::value>;
-      return tc_block_problem(opts, S::block_q, S::block_k, "forward");
-    });
+    const TileConfig t = wgmma_forward_tiles(d, 0, opts.softcap > 0.f);
+    const std::string why = tc_block_problem(opts, t.block_q, t.block_k, "forward");
     if (!why.empty()) return why;
   }
-  return wgmma_forward_problem(space, d);
-}
-inline TileConfig wgmma_forward_tiles(int d, std::size_t smem_max) {
-  return fa2_head_dim_switch(
-      d, [&](auto dc) { return native_forward_tiles<WgmmaWsForwardShape<decltype(dc)::value>>(smem_max); });
+  return wgmma_forward_problem(space, d, opts.softcap > 0.f);
 }
 
 /// Why the deterministic backward cannot take the wgmma kernels for these inputs ("" when it can), given that
@@ -84,7 +87,7 @@ struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (forwar
   }
   template <class C>
   static TileConfig tiles(const C& c) {
-    return wgmma_forward_tiles(c.d, native_smem_max(c.space));
+    return wgmma_forward_tiles(c.d, native_smem_max(c.space), c.opts.softcap > 0.f);
   }
   template <class C, class A>
   static void launch(const C& c, const A& args, const TileConfig&) {

@@ -63,15 +63,18 @@ KOKKOS_INLINE_FUNCTION constexpr int wgmma_row_elems(int d) {
 /// 1.03-1.12x the two-warpgroup kernel at two blocks per SM with 64-key tiles (same conditions). d = 256: Q is
 /// 64 KB, O 128 registers a thread; 4 stages of 32 keys (32 KB each, 193 KB in all) ran 1.11-1.28x 2 stages of
 /// 64 keys (H100, bf16, N 4096/16384, causal or not, kfa vs kfa in one run; 5 stages of 32: no faster).
-/// d = 96: d = 128's tiles (its rows take two panels all the same, wgmma_row_elems).
-template <int D>
+/// d = 96: d = 128's tiles (its rows take two panels all the same, wgmma_row_elems). d = 64 with softcap: 5
+/// stages of 96 keys (S = Q·Kᵀ as products of n = 96), which take 24 fewer registers than 128-key tiles: no
+/// spill instead of 136 B, 1.10-1.11x (H200, bf16, N 16384, softcap 30); without softcap those tiles also stop
+/// the spill (52 B) but ran 0.94-1.03x, so it keeps 128 keys there.
+template <int D, bool Softcap = false>
 struct WgmmaWsForwardShape {
   static constexpr int consumers = D == 64 ? 3 : 2;  // warpgroups of 64 query rows
   static constexpr int warps = 4 * (consumers + 1);
   static constexpr int min_blocks = 1;
   static constexpr int block_q = 64 * consumers;
-  static constexpr int block_k = D == 256 ? 32 : 128;
-  static constexpr int stages = D == 64 || D == 256 ? 4 : 3;
+  static constexpr int block_k = D == 256 ? 32 : D == 64 && Softcap ? 96 : 128;
+  static constexpr int stages = D == 64 && Softcap ? 5 : D == 64 || D == 256 ? 4 : 3;
   static_assert(wgmma_forward_head_dim(D) && stages >= 2, "d = 64, 96, 128 or 256; at least double-buffered");
   static constexpr std::size_t tile_bytes =
       static_cast<std::size_t>(block_q + 2 * stages * block_k) * wgmma_row_elems(D) * 2;
@@ -196,8 +199,17 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], std::uint64_t a, 
       asm volatile(KFA_WG_SS("64", "f16", KFA_WG_REGS_64, "32", "33", "34", "35")
                    : KFA_WG_OPS_64
                    : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
+  } else if constexpr (N == 96) {
+    if constexpr (bf)
+      asm volatile(KFA_WG_SS("96", "bf16", KFA_WG_REGS_96, "48", "49", "50", "51")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_96_HI
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
+    else
+      asm volatile(KFA_WG_SS("96", "f16", KFA_WG_REGS_96, "48", "49", "50", "51")
+                   : KFA_WG_OPS_64, KFA_WG_OPS_96_HI
+                   : "l"(a), "l"(b), "r"(scale_d), "n"(tb));
   } else {
-    static_assert(N == 128, "n = 32, 64 or 128");
+    static_assert(N == 128, "n = 32, 64, 96 or 128");
     if constexpr (bf)
       asm volatile(KFA_WG_SS("128", "bf16", KFA_WG_REGS_128, "64", "65", "66", "67")
                    : KFA_WG_OPS_64, KFA_WG_OPS_128_HI
@@ -396,10 +408,10 @@ struct WgmmaWsForwardArgs : Fa2ForwardArgs<OutT> {
 ///   do), waits for S_t, computes the softmax of tile t in place, waits for O += P_{t-1}·V_{t-1}, arrives on
 ///   stage t - 1's empty barrier, rescales O and packs P_t.
 template <int D, bool Softcap, class T, class OutT>
-__global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D>::warps, 1)
+__global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1)
     tc_wgmma_ws_forward_kernel(const __grid_constant__ WgmmaWsForwardArgs<OutT> a) {
 #if KFA_WGMMA_DEVICE
-  using Shape = WgmmaWsForwardShape<D>;
+  using Shape = WgmmaWsForwardShape<D, Softcap>;
   constexpr int BQ = Shape::block_q, BC = Shape::block_k, ST = Shape::stages, NP = 128, NC = Shape::consumers;
   constexpr int DP = wgmma_row_elems(D);  // a row's elements in shared memory
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
@@ -693,15 +705,17 @@ std::string wgmma_device_problem(const ExecSpace& space, std::size_t smem, const
   return "it is a Kokkos::Cuda kernel for sm_90a";
 }
 
-/// Why the wgmma forward cannot run head dim d on this space's device ("" when it can): head dim 64, 96, 128, 256,
-/// then wgmma_device_problem.
+/// Why the wgmma forward cannot run head dim d (with softcap or not) on this space's device ("" when it can): head
+/// dim 64, 96, 128, 256, then wgmma_device_problem.
 template <class ExecSpace>
-std::string wgmma_forward_problem(const ExecSpace& space, int d) {
+std::string wgmma_forward_problem(const ExecSpace& space, int d, bool softcap) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma forward");
   if (!wgmma_forward_head_dim(d))
     return "head_dim = " + std::to_string(d) + " (the wgmma forward exists for 64, 96, 128 and 256)";
-  const std::size_t smem =
-      fa2_head_dim_switch(d, [](auto dc) { return WgmmaWsForwardShape<decltype(dc)::value>::smem; });
+  const std::size_t smem = fa2_head_dim_switch(d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    return softcap ? WgmmaWsForwardShape<D, true>::smem : WgmmaWsForwardShape<D>::smem;
+  });
   return wgmma_device_problem(space, smem, "the wgmma forward");
 }
 
@@ -710,7 +724,7 @@ template <int D, bool Softcap, class Args>
 void wgmma_forward_launch_d(const Kokkos::Cuda& space, const Args& args) {
   using T = typename Args::T;
   using OutT = typename Args::o_type::non_const_value_type;
-  using Shape = WgmmaWsForwardShape<D>;
+  using Shape = WgmmaWsForwardShape<D, Softcap>;
   WgmmaWsForwardArgs<OutT> a;
   const long league = set_forward_args(a, Shape::block_q, args);
   tma_maps_done(a.tma, tma_map_rows(a.tma, 0, args.q, Shape::block_q) &&
