@@ -6,9 +6,10 @@
 /// as one asynchronous 64 × N × 16 instruction reading shared memory through descriptors
 /// (tc_wgmma/forward.hpp).
 ///
-/// dK/dV, per block: two warpgroups (8 warps), BK = 128 owned keys, 64 per warpgroup and 16 per warp; K and V
-/// stay in shared memory; query tiles of BQ = 64 rows of every query head of the group stream through 3 stages
-/// (Q and dO by TMA, cuda/tma.hpp, or cp.async; the rows' lse and D). A step, per warpgroup:
+/// dK/dV, per block: two warpgroups (8 warps; d = 64: three, 12 warps), BK = 128 owned keys (d = 64: 192), 64
+/// per warpgroup and 16 per warp; K and V stay in shared memory; query tiles of BQ = 64 rows of every query head of the
+/// group stream through 3 stages (Q and dO by TMA, cuda/tma.hpp, or cp.async; the rows' lse and D). A step, per
+/// warpgroup:
 ///   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   m64n64k16, both operands from shared memory (K-major, as S = Q·Kᵀ in the
 ///                               forward), issued together and waited for once;
 ///   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ softcap'), in registers, then
@@ -42,49 +43,50 @@ namespace detail {
 
 #if KFA_HAS_TENSOR_CORES && KFA_WGMMA_DEVICE
 namespace tc {
-/// The ping-pong's turns: the two warpgroups of the wgmma dK/dV and dQ kernels issue their products in turn
-/// (FlashAttention-3's ping-pong): warpgroup 0's first products, then 1's, then 0's second, then 1's, so that
-/// each one's softmax-like pass runs while the other's products are on the tensor cores (named barriers 1
-/// and 2). Per step, in this order:
-/// before_first: warpgroup 1 waits for 0 to have issued its first products; after_first: each lets the other
-/// go on (0 → 1's first, 1 → 0's second); before_second: each waits for the other's products issued before;
-/// after_second: 0 lets 1 issue its second. Barrier 1 counts 0's arrivals and 1's waits, barrier 2 the
-/// reverse: two uses of 1 and one of 2 per step, balanced. Both kernels end each step with a block-wide
-/// barrier, and need it: without one, warpgroup 0 can arrive on barrier 1 for step t + 1's first products
-/// before warpgroup 1 waited for step t's second ones, which completes the barrier without warpgroup 1 (a
-/// dK/dV kernel without it hung so on the H200).
+/// The ping-pong's turns: the NC warpgroups of the wgmma dK/dV kernel issue their products in turn
+/// (FlashAttention-3's ping-pong): each one's first products in warpgroup order, then each one's second, so
+/// that one's softmax-like pass runs while the others' products are on the tensor cores. Warpgroup w waits
+/// for its turn on named barrier 1 + w, which the warpgroup before it arrives on once it has issued:
+/// before_first: every warpgroup but 0 waits (0 goes first); after_first: each hands the turn on (the last
+/// to 0, for its second products); before_second: each waits; after_second: each but the last hands on.
+/// Barrier 1 takes one arrival and one wait per step, the others two of each, balanced. The kernel ends each
+/// step with a block-wide barrier and needs it: without one, the warpgroup before w can arrive on w's barrier
+/// for step t + 1's first products before w waited for step t's second ones, which completes the barrier
+/// without w (a two-warpgroup kernel without it hung so on the H200).
+template <int NC>
 __device__ __forceinline__ void pingpong_before_first(int wg) {
-  if (wg == 1) named_sync(1, 256);
+  if (wg > 0) named_sync(1 + wg, 128 * 2);
 }
+template <int NC>
 __device__ __forceinline__ void pingpong_after_first(int wg) {
-  if (wg == 0)
-    named_arrive(1, 256);
-  else
-    named_arrive(2, 256);
+  named_arrive(1 + (wg + 1) % NC, 128 * 2);
 }
+template <int NC>
 __device__ __forceinline__ void pingpong_before_second(int wg) {
-  if (wg == 0)
-    named_sync(2, 256);
-  else
-    named_sync(1, 256);
+  named_sync(1 + wg, 128 * 2);
 }
+template <int NC>
 __device__ __forceinline__ void pingpong_after_second(int wg) {
-  if (wg == 0) named_arrive(1, 256);
+  if (wg + 1 < NC) named_arrive(2 + wg, 128 * 2);
 }
 }  // namespace tc
 #endif
 
-/// Tiles of the wgmma dK/dV kernel. Shared memory: K and V [BK][D], `stages` stages of Q and dO [BQ][D]
-/// (16-bit, unpadded) and of the rows' lse and D (fp32), a "full" mbarrier per stage (TMA), and 1 KB to
-/// align the tiles to the swizzle's period (two stages: d = 64 66 KB, d = 128 130 KB; each more stage 16.5 or
-/// 32.5 KB; d = 96 takes d = 128's, its rows in two panels: wgmma_row_elems). Three stages (2 to 4 work): the
-/// loads of step t + stages − 1 are issued at step t. Fused (dQ accumulated in the kernel, d = 64 only): dS
-/// [BQ][BK] of two steps as the A operand of dQ += dS·K and a step's dQ [BQ][D] in fp32.
+/// Tiles of the wgmma dK/dV kernel: `consumers` warpgroups of 64 owned keys each, three at d = 64 (room for
+/// their accumulators at 168 registers, no spill; forward+backward 1.04–1.09× two warpgroups, H100, bf16, N
+/// 4096–16384), two otherwise and in the fused kernel (which splits dQ's columns between them). Shared memory:
+/// K and V [BK][D], `stages` stages of Q and dO [BQ][D] (16-bit, unpadded) and of the rows' lse and D (fp32),
+/// a "full" mbarrier per stage (TMA), and 1 KB to align the tiles to the swizzle's period (d = 64 98.5 KB,
+/// d = 128 162.5 KB; each stage 16.5 or 32.5 KB of that; d = 96 takes d = 128's, its rows in two panels:
+/// wgmma_row_elems). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t. Fused
+/// (dQ accumulated in the kernel, d = 64 only): dS [BQ][BK] of two steps as the A operand of dQ += dS·K and a
+/// step's dQ [BQ][D] in fp32.
 template <int D, bool Fused = false>
 struct WgmmaBackwardShape {
-  static constexpr int warps = 8;      // two warpgroups
-  static constexpr int block_k = 128;  // owned keys, 64 per warpgroup
-  static constexpr int block_q = 64;   // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
+  static constexpr int consumers = D == 64 && !Fused ? 3 : 2;  // warpgroups, 64 owned keys each
+  static constexpr int warps = 4 * consumers;
+  static constexpr int block_k = 64 * consumers;  // owned keys
+  static constexpr int block_q = 64;              // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
   static constexpr int stages = 3;
   static constexpr int row_elems = wgmma_row_elems(D);
   static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * row_elems * 2;  // one Q or dO tile
@@ -293,9 +295,11 @@ struct TcWgmmaDkDvKernel {
         }
         return;
       }
-      tc::load_tile_sw128<D, BQ, NTH>(
+      constexpr int NTQ = NTH > 256 ? 256 : NTH;  // threads loading a Q or dO tile (BQ rows: whole passes)
+      if (tid >= NTQ) return;
+      tc::load_tile_sw128<D, BQ, NTQ>(
           qd, reinterpret_cast<const std::uint16_t*>(qbase + i * qstride + gh * q.stride(2)), qstride, rows, tid);
-      tc::load_tile_sw128<D, BQ, NTH>(
+      tc::load_tile_sw128<D, BQ, NTQ>(
           qd + tile_q, reinterpret_cast<const std::uint16_t*>(dobase + i * dostride + gh * d_o.stride(2)), dostride,
           rows, tid);
     };
@@ -408,7 +412,7 @@ struct TcWgmmaDkDvKernel {
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major steps of 16 elements advance 32 B inside a 128-byte panel row,
         // every 4 steps a panel.
-        tc::pingpong_before_first(wg);
+        tc::pingpong_before_first<Shape::consumers>(wg);
         tc::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -423,7 +427,7 @@ struct TcWgmmaDkDvKernel {
                               tc::wgmma_desc(dos + panel * BQ * 128 + in_row, 16, 1024), kk);
         }
         tc::wgmma_commit();
-        tc::pingpong_after_first(wg);
+        tc::pingpong_after_first<Shape::consumers>(wg);
         tc::wgmma_wait_all();
         tc::wgmma_hold(s);
         tc::wgmma_hold(dp);
@@ -476,7 +480,7 @@ struct TcWgmmaDkDvKernel {
         // dQ += dS·K too (its accumulator lives from here to its reduction; issued at the block's first step
         // too, where its result is unused: a conditional wgmma makes ptxas serialize the warpgroup around it).
         [[maybe_unused]] float dqa[Fused ? D / 16 : 1][4];
-        tc::pingpong_before_second(wg);
+        tc::pingpong_before_second<Shape::consumers>(wg);
         tc::wgmma_fence();      // pa and da were written by ordinary instructions
         if constexpr (Fused) {  // a group of its own, first: its reduction then overlaps dV's and dK's products
           issue_dq(dqa, ds_s + (ds_t == ds_s ? Shape::tile_ds : 0u), ks, wg);
@@ -489,7 +493,7 @@ struct TcWgmmaDkDvKernel {
         for (int kk = 0; kk < BQ / 16; ++kk)
           tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
         tc::wgmma_commit();
-        tc::pingpong_after_second(wg);
+        tc::pingpong_after_second<Shape::consumers>(wg);
         if constexpr (Fused) {
           tc::wgmma_wait<1>();  // dQ's product
           tc::wgmma_hold(dqa);
