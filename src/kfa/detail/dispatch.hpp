@@ -59,10 +59,10 @@ std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
 }
 
 /// Whether deterministic = false fuses dQ into the dK/dV kernel at head dim d on `space`. Where the wgmma
-/// backward runs: at d = 64 (its dK/dV kernel with dQ reduced in fp32, two warpgroups; it ran 1.03-1.08x
-/// forward+backward against the two deterministic kernels when their dK/dV kernel had two warpgroups too, and
-/// 0.94-0.98x since it has three; H100, bf16, N 8192/16384, kfa vs kfa in one run), not at d = 96 and 128 (at
-/// 128 0.98-1.05x: the fp32 reductions' traffic, not the product, is the cost). Elsewhere: not at d = 64 where the
+/// backward runs: at d = 64 (its dK/dV kernel with dQ reduced in fp32, three warpgroups as the deterministic
+/// one's: forward+backward 1.02-1.09x the two deterministic kernels, H100, bf16, N 8192/16384, causal or not, kfa
+/// vs kfa in one run), not at d = 96 and 128 (at 128 0.98-1.05x: the fp32 reductions' traffic, not the product,
+/// is the cost). Elsewhere: not at d = 64 where the
 /// FA2-layout dQ kernel runs, because there the two-kernel backward was measured faster (H200, bf16, forward+backward
 /// 0.82-0.86x torch's flash against 0.75-0.81x with atomic dQ). `wgmma_allowed`: opts.path lets the backward
 /// take the wgmma kernels.

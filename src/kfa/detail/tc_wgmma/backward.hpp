@@ -74,16 +74,16 @@ __device__ __forceinline__ void pingpong_after_second(int wg) {
 
 /// Tiles of the wgmma dK/dV kernel: `consumers` warpgroups of 64 owned keys each, three at d = 64 (room for
 /// their accumulators at 168 registers, no spill; forward+backward 1.04–1.09× two warpgroups, H100, bf16, N
-/// 4096–16384), two otherwise and in the fused kernel (which splits dQ's columns between them). Shared memory:
+/// 4096–16384; the fused kernel's dQ columns go to two of the three), two otherwise. Shared memory:
 /// K and V [BK][D], `stages` stages of Q and dO [BQ][D] (16-bit, unpadded) and of the rows' lse and D (fp32),
 /// a "full" mbarrier per stage (TMA), and 1 KB to align the tiles to the swizzle's period (d = 64 98.5 KB,
 /// d = 128 162.5 KB; each stage 16.5 or 32.5 KB of that; d = 96 takes d = 128's, its rows in two panels:
 /// wgmma_row_elems). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t. Fused
 /// (dQ accumulated in the kernel, d = 64 only): dS [BQ][BK] of two steps as the A operand of dQ += dS·K and a
-/// step's dQ [BQ][D] in fp32.
+/// step's dQ [BQ][D] in fp32 (162.5 KB in all).
 template <int D, bool Fused = false>
 struct WgmmaBackwardShape {
-  static constexpr int consumers = D == 64 && !Fused ? 3 : 2;  // warpgroups, 64 owned keys each
+  static constexpr int consumers = D == 64 ? 3 : 2;  // warpgroups, 64 owned keys each
   static constexpr int warps = 4 * consumers;
   static constexpr int block_k = 64 * consumers;  // owned keys
   static constexpr int block_q = 64;              // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
@@ -116,12 +116,14 @@ KOKKOS_INLINE_FUNCTION long wgmma_dq_column(long i, int c) {  // c in [0, D/2)
 /// Tma: the tiles come by TMA (tma holds the descriptors), else by cp.async. A template parameter, not a
 /// flag: both paths in one body cost the d = 128 softcap instance 4 bytes of spill at 255 registers.
 /// Fused (AttentionOptions::deterministic = false): dQ too, FlashAttention-3's way. At step t each warpgroup
-/// stores its dSᵀ fragments transposed (stmatrix) as its 64-key panel of the dS [BQ][BK] tile t mod 2; in
-/// step t's second products it adds dS_{t−1}·K over all BK keys for its half of dQ's columns (wgmma, A = dS
-/// K-major, B = K read transposed; step t − 1's closing barrier made both panels visible), writes it to shared
-/// memory and one thread adds the rows into `dq_acc` with one bulk asynchronous reduction (wgmma_dq_index
-/// gives the layout); the block's last step is added after its loop. 5 tile products per step instead of the
-/// 7 of the two kernels, one kernel.
+/// stores its dSᵀ fragments transposed (stmatrix) as its 64-key panel of the dS [BQ][BK] tile t mod 2; after
+/// its dV and dK products of step t, warpgroup 0 and 1 each compute dS_{t−1}·K over all BK keys for one half
+/// of dQ's columns (wgmma, A = dS K-major, B = K read transposed; step t − 1's closing barrier made every
+/// panel visible), write it to shared memory, and one thread adds the rows into `dq_acc` with one bulk
+/// asynchronous reduction (wgmma_dq_index gives the layout); the block's last step is added after its loop.
+/// dQ waits for dV's and dK's products so that their A fragments are dead by then (168 registers a thread
+/// with three warpgroups); the third warpgroup's products fill the tensor cores meanwhile. 5 tile products
+/// per step instead of the 7 of the two kernels, one kernel.
 template <int D, bool Softcap, bool Tma, bool Fused, class Args>
 struct TcWgmmaDkDvKernel {
   using QV = typename Args::q_type;
@@ -202,19 +204,21 @@ struct TcWgmmaDkDvKernel {
   /// columns start inside a 64-element panel at d = 64).
   __device__ static void issue_dq(float (&acc)[D / 16][4], std::uint32_t ds, std::uint32_t ks, int wg) {
     constexpr int half = D / 2;
-    const std::uint32_t b0 = ks + static_cast<std::uint32_t>((wg * half / 64) * BK * 128 + (wg * half % 64) * 2);
+    std::uint32_t b0 = ks + static_cast<std::uint32_t>((wg * half / 64) * BK * 128 + (wg * half % 64) * 2);
+    asm volatile("" : "+r"(b0));  // opaque: else ptxas keeps B's BK / 16 descriptors across the steps (spills)
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
       tc::wgmma_ss<half, T, true>(acc, tc::wgmma_desc(ds + (kk >> 2) * BQ * 128 + (kk & 3) * 32, 16, 1024),
                                   tc::wgmma_desc(b0 + kk * 16 * 128, BK * 128, 1024), kk);
   }
   /// Fused: dq_acc += acc for this warpgroup's half of the columns of rows i0 .. i0 + rows − 1 of head hq:
-  /// the warpgroup writes acc into its [BQ][D/2] fp32 tile at dq (columns swizzled per row as in dq_acc),
+  /// the warpgroup writes acc into its [BQ][D/2] fp32 tile at dq_s (columns swizzled per row as in dq_acc),
   /// then its first thread reduces the rows' contiguous block into dq_acc; that thread first waits until
-  /// its previous reduction has read the tile (named barrier 3 + wg orders the warpgroup around both).
-  __device__ void reduce_dq(const float (&acc)[D / 16][4], std::uint32_t dq, int b, int hq, long i0, int rows, int wg,
+  /// its previous reduction has read the tile (named barrier NC + 1 + wg orders the warpgroup around both).
+  __device__ void reduce_dq(const float (&acc)[D / 16][4], std::uint32_t dq_s, int b, int hq, long i0, int rows, int wg,
                             int warp, int lane) const {
     const bool first = (warp & 3) == 0 && lane == 0;
+    const std::uint32_t dq = dq_s + static_cast<std::uint32_t>(wg * BQ * (D / 2) * 4);
     if (first) tc::bulk_wait<true>();
     wg_sync(wg);
     const int g = lane >> 2, t4 = lane & 3;
@@ -238,11 +242,11 @@ struct TcWgmmaDkDvKernel {
       tc::bulk_commit();
     }
   }
-  __device__ static void wg_sync(int wg) {
+  __device__ static void wg_sync(int wg) {  // barriers 1 .. NC are the ping-pong's
     if (wg == 0)
-      tc::named_sync(3, 128);
+      tc::named_sync(Shape::consumers + 1, 128);
     else
-      tc::named_sync(4, 128);
+      tc::named_sync(Shape::consumers + 2, 128);
   }
 #endif
 
@@ -265,7 +269,6 @@ struct TcWgmmaDkDvKernel {
     constexpr std::uint32_t tile_q = static_cast<std::uint32_t>(Shape::tile_q);
     const std::uint32_t ds_s = stage0 + ST * 2 * tile_q, dq_s = ds_s + static_cast<std::uint32_t>(Shape::ds_bytes);
     const std::uint32_t rows0 = dq_s + static_cast<std::uint32_t>(Shape::dq_bytes);
-    [[maybe_unused]] const std::uint32_t dq_wg = dq_s + static_cast<std::uint32_t>(wg * BQ * (D / 2) * 4);
     float* rows_s = reinterpret_cast<float*>(smem + (rows0 - base));
     // With TMA thread 0 issues each stage's Q and dO tiles (and K, V with stage 0's) as whole tiles that
     // complete the stage's full mbarrier, which every thread waits on instead of its cp.async groups and the
@@ -336,9 +339,11 @@ struct TcWgmmaDkDvKernel {
     // Fused: the previous step's rows (rows 0: none). The dS tiles start zeroed: the first step's dQ product
     // reads one before any step wrote it (its result is dropped).
     [[maybe_unused]] struct {
-      long i0;
-      int rows, hq;
+      int i0, rows, hq;  // i0 < seq_q, an int
     } prev = {0, 0, 0};
+    // Fused: warpgroups 0 and 1 own dQ's column halves. Taken from lane 0, the flag is uniform over the warp
+    // for ptxas (threadIdx.y alone is not, for all it knows): a branch on it does not serialize wgmma.
+    [[maybe_unused]] const bool dq_here = Fused && __shfl_sync(0xffffffffu, wg, 0) < 2;
     if constexpr (Fused) {
       uint4* ds_p = reinterpret_cast<uint4*>(smem + (ds_s - base));
       for (int i = tid; i < static_cast<int>(Shape::ds_bytes / 16); i += NTH) ds_p[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -471,21 +476,13 @@ struct TcWgmmaDkDvKernel {
           p_ds_pass(std::true_type{});
         else
           p_ds_pass(std::false_type{});
-        [[maybe_unused]] const std::uint32_t ds_t =
-            ds_s + static_cast<std::uint32_t>(((done + step) & 1) * Shape::tile_ds);
-        if constexpr (Fused) store_ds(ds_t, da, wg, warp, lane);
+        if constexpr (Fused)
+          store_ds(ds_s + static_cast<std::uint32_t>(((done + step) & 1) * Shape::tile_ds), da, wg, warp, lane);
 
         // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
-        // dimension): 16 query rows per step, 64-element panels BQ rows apart. Fused: the previous step's
-        // dQ += dS·K too (its accumulator lives from here to its reduction; issued at the block's first step
-        // too, where its result is unused: a conditional wgmma makes ptxas serialize the warpgroup around it).
-        [[maybe_unused]] float dqa[Fused ? D / 16 : 1][4];
+        // dimension): 16 query rows per step, 64-element panels BQ rows apart.
         tc::pingpong_before_second<Shape::consumers>(wg);
-        tc::wgmma_fence();      // pa and da were written by ordinary instructions
-        if constexpr (Fused) {  // a group of its own, first: its reduction then overlaps dV's and dK's products
-          issue_dq(dqa, ds_s + (ds_t == ds_s ? Shape::tile_ds : 0u), ks, wg);
-          tc::wgmma_commit();
-        }
+        tc::wgmma_fence();  // pa and da were written by ordinary instructions
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
           tc::wgmma_rs<D, T>(dva, pa[kk], tc::wgmma_desc(dos + kk * 16 * 128, BQ * 128, 1024));
@@ -494,15 +491,21 @@ struct TcWgmmaDkDvKernel {
           tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
         tc::wgmma_commit();
         tc::pingpong_after_second<Shape::consumers>(wg);
-        if constexpr (Fused) {
-          tc::wgmma_wait<1>();  // dQ's product
-          tc::wgmma_hold(dqa);
-          if (prev.rows > 0) reduce_dq(dqa, dq_wg, b, prev.hq, prev.i0, prev.rows, wg, warp, lane);
-          prev = {i0, rows, hk * group + step / n_qt};
-        }
         tc::wgmma_wait_all();
         tc::wgmma_hold(dva);
         tc::wgmma_hold(dka);
+        if constexpr (Fused) {  // the previous step's dQ, after dV's and dK's products (their A fragments are free)
+          if (dq_here) {
+            float dqa[D / 16][4];
+            tc::wgmma_fence();
+            issue_dq(dqa, ds_s + static_cast<std::uint32_t>(((done + step + 1) & 1) * Shape::tile_ds), ks, wg);
+            tc::wgmma_commit();
+            tc::wgmma_wait_all();
+            tc::wgmma_hold(dqa);
+            if (prev.rows > 0) reduce_dq(dqa, dq_s, b, prev.hq, prev.i0, prev.rows, wg, warp, lane);
+          }
+          prev = {static_cast<int>(i0), rows, hk * group + step / n_qt};
+        }
         if (next && tid < BQ) {  // stage nst's rows were last read in the previous step
           float* nr = rows_s + nst * 2 * BQ;
           nr[tid] = next_l2, nr[BQ + tid] = next_d;
@@ -515,14 +518,14 @@ struct TcWgmmaDkDvKernel {
     }
     tc::cp_async_wait_all();
     if constexpr (Fused) {  // the last step's dQ (its closing barrier made dS visible)
-      if (prev.rows > 0) {
+      if (prev.rows > 0 && dq_here) {
         float dqa[D / 16][4];
         tc::wgmma_fence();
-        issue_dq(dqa, ds_s + ((done - 1) & 1) * static_cast<std::uint32_t>(Shape::tile_ds), ks, wg);
+        issue_dq(dqa, ds_s + static_cast<std::uint32_t>(((done - 1) & 1) * Shape::tile_ds), ks, wg);
         tc::wgmma_commit();
         tc::wgmma_wait_all();
         tc::wgmma_hold(dqa);
-        reduce_dq(dqa, dq_wg, b, prev.hq, prev.i0, prev.rows, wg, warp, lane);
+        reduce_dq(dqa, dq_s, b, prev.hq, prev.i0, prev.rows, wg, warp, lane);
       }
       if ((warp & 3) == 0 && lane == 0) tc::bulk_wait<false>();  // the reductions are done before the block ends
     }
