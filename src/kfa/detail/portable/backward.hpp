@@ -122,15 +122,16 @@ struct DkDvKernel {
                                  int chunk, int kb) const {
     const int d = head_dim;
     const int j0 = kb * bk;
+    const int ld = lay.ld;  // row length of the Kᵀ, Vᵀ, S and dP tiles
     const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
     Acc* const qs = buf0.data() + lay.a;       // [bq][d] Q
     Acc* const dos = buf0.data() + lay.b;      // [bq][d] dO
-    Acc* const kt = buf1.data() + lay.ta;      // [d][bk] scale·Kᵀ
-    Acc* const vt = buf1.data() + lay.tb;      // [d][bk] Vᵀ
+    Acc* const kt = buf1.data() + lay.ta;      // [d][ld] scale·Kᵀ
+    Acc* const vt = buf1.data() + lay.tb;      // [d][ld] Vᵀ
     Acc* const dka = buf1.data() + lay.acc_a;  // [bk][d]
     Acc* const dva = buf1.data() + lay.acc_b;  // [bk][d]
-    Acc* const s = buf1.data() + lay.s;        // [bq][bk] S, then P
-    Acc* const dp = buf1.data() + lay.dp;      // [bq][bk] dP, then dS
+    Acc* const s = buf1.data() + lay.s;        // [bq][ld] S, then P
+    Acc* const dp = buf1.data() + lay.dp;      // [bq][ld] dP, then dS
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
     Acc* const kr = buf1.data() + lay.ra;  // FuseDq: [bk][d] K
@@ -145,8 +146,8 @@ struct DkDvKernel {
     team.team_barrier();  // the previous key block's dK, dV are written
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
       const bool in = j < cols;
-      for (int c = 0; c < d; ++c) kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) * scale : Acc(0);
-      for (int c = 0; c < d; ++c) vt[c * bk + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
+      for (int c = 0; c < d; ++c) kt[c * ld + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) * scale : Acc(0);
+      for (int c = 0; c < d; ++c) vt[c * ld + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
       for (int c = 0; c < d; ++c) dka[j * d + c] = dva[j * d + c] = Acc(0);
       if constexpr (FuseDq)
         if (krp == kr)
@@ -193,20 +194,20 @@ struct DkDvKernel {
             drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, bk, s, bk, false);     // S = Q·(scale·K)ᵀ
-          team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
+          team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, ld, s, ld, false);     // S = Q·(scale·K)ᵀ
+          team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, ld, dp, ld, false);  // dP = dO·Vᵀ
           team.team_barrier();
           const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
             with_host_isa([&](auto isa) KFA_SIMD_BODY {
-              score_to_ds(isa, mask, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+              score_to_ds(isa, mask, s + r * ld, dp + r * ld, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
             });
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
-          team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
+          team_gemm<ExecSpace>(team, bk, d, bq, s, 1, ld, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
+          team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, ld, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
           if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-            team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
+            team_gemm<ExecSpace>(team, bq, d, bk, dp, ld, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
                                  true);
         }
       }
@@ -248,13 +249,18 @@ struct DkDvKernel {
         srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
       }
     }
-    // The row as bk/8 groups of 8 lanes, so the lane loop vectorizes (tiles are multiples of 8).
-    constexpr int L = 8;
+    // The row as groups of 16 lanes, then one of 8 (tiles are multiples of 8), so the lane loops vectorize.
+    constexpr int L = 16, L8 = 8;
     Acc lv[L], dv[L];
     for (int x = 0; x < L; ++x) lv[x] = l, dv[x] = dval;
     const int groups = bk / L;
     lanes_p_ds<L>(isa, srow, dprow, L, groups, lv, dv);
-    for (int j = groups * L; j < bk; ++j) {
+    int j = groups * L;
+    if (bk - j >= L8) {
+      lanes_p_ds<L8>(isa, srow + j, dprow + j, L8, 1, lv, dv);
+      j += L8;
+    }
+    for (; j < bk; ++j) {
       const Acc p = fast_exp(srow[j] - l);
       srow[j] = p;
       dprow[j] = p * (dprow[j] - dval);
@@ -310,7 +316,6 @@ struct DqKernel {
         lay(t.block_k, t.block_q, head_dim, sizeof(Acc)) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
-    constexpr int W = MicroTileShape<ExecSpace>::lanes;
     const int lr = team.league_rank();
     const int qb = lr % n_qblocks;
     const int h = (lr / n_qblocks) % heads_q;
@@ -364,37 +369,39 @@ struct DqKernel {
         team_gemm<ExecSpace>(team, bk, bq, d, vs, d, 1, dot, bq, dpt, bq, false);  // dPᵀ = V·dOᵀ
         team.team_barrier();
         const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lane_steps<ExecSpace>(bq)), [&](const int step) {
           with_host_isa([&](auto isa) KFA_SIMD_BODY {
-            // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
-            // branches so that it vectorizes across the W rows on host.
-            const int ib = chunk * W;
-            long first[W], last[W];  // each row's visible keys, as tile columns
-            for (int x = 0; x < W; ++x) {
-              first[x] = 0, last[x] = cols - 1;
-              if (!need_mask) continue;
-              mask.visible_range(i0 + ib + x, first[x], last[x]);
-              first[x] -= j0;
-              last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
-            }
-            if (softcap > Acc(0)) {
-              const Acc inv = Acc(1) / softcap;
-              for (int j = 0; j < bk; ++j)
-                for (int x = 0; x < W; ++x) {
-                  const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
-                  const bool vis = j >= first[x] && j <= last[x];
-                  const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
-                  dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
-                }
-              return;
-            }
-            if (need_mask)
-              for (int j = 0; j < bk; ++j)
-                for (int x = 0; x < W; ++x) {
-                  const bool vis = j >= first[x] && j <= last[x];
-                  st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
-                }
-            lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);
+            lane_step<ExecSpace>(step, bq, [&](auto width, const int ib) KFA_SIMD_BODY {
+              // dSᵀ for W query rows at a time; the common case (no softcap) is kept free of calls and
+              // branches so that it vectorizes across the W rows on host.
+              constexpr int W = decltype(width)::value;
+              long first[W], last[W];  // each row's visible keys, as tile columns
+              for (int x = 0; x < W; ++x) {
+                first[x] = 0, last[x] = cols - 1;
+                if (!need_mask) continue;
+                mask.visible_range(i0 + ib + x, first[x], last[x]);
+                first[x] -= j0;
+                last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+              }
+              if (softcap > Acc(0)) {
+                const Acc inv = Acc(1) / softcap;
+                for (int j = 0; j < bk; ++j)
+                  for (int x = 0; x < W; ++x) {
+                    const Acc t = compat::tanh(st[j * bq + ib + x] * inv);
+                    const bool vis = j >= first[x] && j <= last[x];
+                    const Acc p = vis ? fast_exp(softcap * t - lrow[ib + x]) : Acc(0);
+                    dpt[j * bq + ib + x] = p * (dpt[j * bq + ib + x] - drow[ib + x]) * (Acc(1) - t * t);
+                  }
+                return;
+              }
+              if (need_mask)
+                for (int j = 0; j < bk; ++j)
+                  for (int x = 0; x < W; ++x) {
+                    const bool vis = j >= first[x] && j <= last[x];
+                    st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : -compat::infinity<Acc>();
+                  }
+              lanes_p_ds<W>(isa, st + ib, dpt + ib, bq, bk, lrow + ib, drow + ib);
+            });
           });
         });
         team.team_barrier();

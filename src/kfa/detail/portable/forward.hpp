@@ -64,10 +64,9 @@ struct ForwardKernel {
         scale(a.scale),
         softcap(a.softcap),
         mask(a.mask),
-        lay(t.block_q, t.block_k, head_dim, sizeof(Acc)) {}
+        lay(t.block_q, t.block_k, head_dim, sizeof(Acc), MicroTileShape<ExecSpace>::host) {}
 
   KOKKOS_FUNCTION void operator()(const member_type& team) const {
-    constexpr int W = MicroTileShape<ExecSpace>::lanes;  // query rows per element-wise step
     const Acc ninf = -compat::infinity<Acc>();
     const int lr = team.league_rank();
     const int qb = lr % n_qblocks;
@@ -77,19 +76,20 @@ struct ForwardKernel {
     const int d = head_dim;
     const int i0 = qb * bq;
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
+    const int ld = lay.ld;  // row length of the Qᵀ and Sᵀ tiles
 
     ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
     Acc* const kt = buf0.data() + lay.k;   // [bk][d]
     Acc* const vt = buf0.data() + lay.v;   // [bk][d]
-    Acc* const qt = buf1.data() + lay.qt;  // [d][bq]: Q tile transposed and pre-scaled
+    Acc* const qt = buf1.data() + lay.qt;  // [d][ld]: Q tile transposed and pre-scaled
     Acc* const ot = buf1.data() + lay.o;   // [bq][d]: unnormalized O
-    Acc* const st = buf1.data() + lay.s;   // [bk][bq]: scores, then probabilities, transposed
+    Acc* const st = buf1.data() + lay.s;   // [bk][ld]: scores, then probabilities, transposed
     Acc* const mrow = buf1.data() + lay.m;
     Acc* const lrow = buf1.data() + lay.l;
 
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
-      for (int c = 0; c < d; ++c) qt[c * bq + r] = r < rows ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
+      for (int c = 0; c < d; ++c) qt[c * ld + r] = r < rows ? static_cast<Acc>(q(b, i0 + r, h, c)) * scale : Acc(0);
       for (int c = 0; c < d; ++c) ot[r * d + c] = Acc(0);
       const SoftmaxState<Acc> s0 = SoftmaxState<Acc>::empty();
       mrow[r] = s0.m;
@@ -137,55 +137,57 @@ struct ForwardKernel {
         });
         team.team_barrier();
         // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
-        team_gemm<ExecSpace>(team, bk, bq, d, kp, ldk, 1, qt, bq, st, bq, false);
+        team_gemm<ExecSpace>(team, bk, bq, d, kp, ldk, 1, qt, ld, st, ld, false);
         team.team_barrier();
 
         const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq / W), [&](const int chunk) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lane_steps<ExecSpace>(bq)), [&](const int step) {
           with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (common/host_simd.hpp)
-            const int ib = chunk * W;
-            if (softcap > Acc(0)) {
-              const Acc inv = Acc(1) / softcap;
-              for (int j = 0; j < bk; ++j)
-                for (int x = 0; x < W; ++x) st[j * bq + ib + x] = softcap * compat::tanh(st[j * bq + ib + x] * inv);
-            }
-            if (need_mask) {
-              long first[W], last[W];  // each row's visible keys, as tile columns
-              for (int x = 0; x < W; ++x) {
-                mask.visible_range(i0 + ib + x, first[x], last[x]);
-                first[x] -= j0;
-                last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
+            lane_step<ExecSpace>(step, bq, [&](auto width, const int ib) KFA_SIMD_BODY {
+              constexpr int W = decltype(width)::value;  // query rows ib .. ib + W
+              if (softcap > Acc(0)) {
+                const Acc inv = Acc(1) / softcap;
+                for (int j = 0; j < bk; ++j)
+                  for (int x = 0; x < W; ++x) st[j * ld + ib + x] = softcap * compat::tanh(st[j * ld + ib + x] * inv);
               }
-              for (int j = 0; j < bk; ++j)
+              if (need_mask) {
+                long first[W], last[W];  // each row's visible keys, as tile columns
                 for (int x = 0; x < W; ++x) {
-                  const bool vis = j >= first[x] && j <= last[x];
-                  st[j * bq + ib + x] = vis ? st[j * bq + ib + x] : ninf;
+                  mask.visible_range(i0 + ib + x, first[x], last[x]);
+                  first[x] -= j0;
+                  last[x] = last[x] - j0 < cols - 1 ? last[x] - j0 : cols - 1;
                 }
-            }
-            Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
-            for (int x = 0; x < W; ++x) tmax[x] = ninf;
-            lanes_max<W>(isa, st + ib, bq, bk, tmax);
-            // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
-            // directly at the merged maximum, so their factor is 1.
-            for (int x = 0; x < W; ++x) {
-              const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
-              mnew[x] = f.m;
-              mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
-              scale_old[x] = f.scale_a;
-              sum[x] = Acc(0);
-            }
-            lanes_exp_sum<W>(isa, st + ib, bq, bk, mexp, sum);
-            for (int x = 0; x < W; ++x) {
-              mrow[ib + x] = mnew[x];
-              lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
-              if (scale_old[x] != Acc(1))
-                for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
-            }
+                for (int j = 0; j < bk; ++j)
+                  for (int x = 0; x < W; ++x) {
+                    const bool vis = j >= first[x] && j <= last[x];
+                    st[j * ld + ib + x] = vis ? st[j * ld + ib + x] : ninf;
+                  }
+              }
+              Acc tmax[W], mnew[W], mexp[W], scale_old[W], sum[W];
+              for (int x = 0; x < W; ++x) tmax[x] = ninf;
+              lanes_max<W>(isa, st + ib, ld, bk, tmax);
+              // Merge the tile into each row's (m, ℓ, O) with the combine rule; the tile's own terms are computed
+              // directly at the merged maximum, so their factor is 1.
+              for (int x = 0; x < W; ++x) {
+                const MergeFactors<Acc> f = merge_factors(mrow[ib + x], tmax[x]);
+                mnew[x] = f.m;
+                mexp[x] = f.m == ninf ? Acc(0) : f.m;  // an empty row has only −inf scores: exp → 0, never NaN
+                scale_old[x] = f.scale_a;
+                sum[x] = Acc(0);
+              }
+              lanes_exp_sum<W>(isa, st + ib, ld, bk, mexp, sum);
+              for (int x = 0; x < W; ++x) {
+                mrow[ib + x] = mnew[x];
+                lrow[ib + x] = scale_old[x] * lrow[ib + x] + sum[x];
+                if (scale_old[x] != Acc(1))
+                  for (int c = 0; c < d; ++c) ot[(ib + x) * d + c] *= scale_old[x];
+              }
+            });
           });
         });
         team.team_barrier();
         // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
-        team_gemm<ExecSpace>(team, bq, d, cols, st, 1, bq, vp, ldv, ot, d, true);
+        team_gemm<ExecSpace>(team, bq, d, cols, st, 1, ld, vp, ldv, ot, d, true);
       }
     }
     team.team_barrier();
