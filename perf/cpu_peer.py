@@ -3,7 +3,7 @@
 threads, forward and backward, each also as a fraction of the core's measured FP32 FMA peak.
 
     python3 perf/cpu_peer.py --build build [--n 2048,4096,8192] [--d 64,128] [--heads 2] [--threads 1]
-                             [--rounds 2] [--reps 3] [--cpus 0] [--markdown]
+                             [--rounds 2] [--reps 3] [--cpus 0] [--isa avx2] [--markdown]
 
 Each round runs, for every head dim, kfa_bench_forward, then PyTorch (forward, forward+backward), then
 kfa_bench_backward (the kfa programs of --build, whose header gives the Kokkos backend, the SIMD level and the
@@ -12,6 +12,11 @@ The table gives per case the median over rounds of each side's median over --rep
 count them: forward 4·H·N²·d (halved for causal), backward alone 2.5× that (PyTorch's backward alone is its
 forward+backward time less its forward time). Shapes: float32, batch 1, H heads, seq_q = seq_k = N; PyTorch
 takes its own [batch, heads, N, d] layout, kfa [batch, N, heads, d].
+
+--isa avx2 holds both sides to AVX2: kfa through KFA_HOST_ISA=avx2, PyTorch through ATEN_CPU_CAPABILITY=avx2 (its
+own kernels) and MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2 (the GEMM libraries its CPU flash kernel
+calls, which ignore ATen's setting: with ATen's alone PyTorch's SDPA still ran AVX-512 GEMMs, 189 GFLOP/s on a core
+whose AVX2 peak is 122).
 
 PyTorch is a yardstick here (pip install torch), never a dependency of kfa, its tests or CI. Threads: kfa's
 Serial backend (Debian's Kokkos) runs one thread whatever --threads says; a threaded Kokkos (OpenMP) takes
@@ -70,8 +75,13 @@ def main():
     ap.add_argument("--cpus", default=None, help="taskset CPU list for both sides (default: 0..threads-1)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: hold kfa and PyTorch (ATen, MKL, oneDNN) to AVX2")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    if a.isa == "avx2":  # before PyTorch is imported, and inherited by the kfa programs
+        os.environ.update(KFA_HOST_ISA="avx2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2",
+                          ONEDNN_MAX_CPU_ISA="AVX2")
     cpus = a.cpus or ",".join(str(i) for i in range(a.threads))
     fwd_prog = os.path.join(a.build, "perf", "kfa_bench_forward")
     bwd_prog = os.path.join(a.build, "perf", "kfa_bench_backward")
@@ -111,7 +121,8 @@ def main():
                 res[(d, int(row[0]), row[2] == "yes")][1].append(float(row[5]))
     print("\n".join(header))
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; CPUs {cpus}; rounds {a.rounds}, reps {a.reps}")
+          f"{torch.backends.cpu.get_cpu_capability()}" + (", MKL and oneDNN held to AVX2" if a.isa == "avx2" else "") +
+          f"; CPUs {cpus}; rounds {a.rounds}, reps {a.reps}")
     cols = ["d", "N", "causal", "kfa fwd", "torch fwd", "fwd ratio", "kfa fwd/peak", "kfa bwd", "torch bwd",
             "bwd ratio", "kfa bwd/peak", "kfa f+b", "torch f+b", "f+b ratio"]
     if a.markdown:

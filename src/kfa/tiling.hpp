@@ -187,28 +187,25 @@ namespace detail {
 /// blocks): level 0 Q[bq][d], dO[bq][d]; level 1 Kᵀ[d][bk], Vᵀ[d][bk], dK[bk][d], dV[bk][d], S[bq][bk],
 /// dP[bq][bk], lse[bq], D[bq]. dQ kernel (one team per query block, streaming key blocks): level 0
 /// K[bk][d], V[bk][d]; level 1 Qᵀ[d][bq], dOᵀ[d][bq], dQ[bq][d], Sᵀ[bk][bq], dPᵀ[bk][bq], lse[bq], D[bq].
-/// The host dK/dV pass (`host`: dQ fused in) also keeps K[bk][d] row-major in level 1, and its Kᵀ, Vᵀ, S and
-/// dP rows are `ld` = owned + host_row_pad apart (else ld = owned).
+/// The host dK/dV pass with dQ fused in (`rows_a`) also keeps K[bk][d] row-major in level 1.
 struct BackwardScratchLayout {
-  int ld;
   std::size_t a, b, l0_total;  // the two streamed tiles
   std::size_t ta, tb, acc_a, acc_b, s, dp, lse, dd, ra, l1_total;
-  KOKKOS_INLINE_FUNCTION BackwardScratchLayout(int streamed, int owned, int d, std::size_t eb, bool host = false) {
-    ld = owned + (host ? host_row_pad(eb) : 0);
+  KOKKOS_INLINE_FUNCTION BackwardScratchLayout(int streamed, int owned, int d, std::size_t eb, bool rows_a = false) {
     a = 0;
     b = a + pad_elems(std::size_t(streamed) * d, eb);
     l0_total = b + pad_elems(std::size_t(streamed) * d, eb);
     ta = 0;
-    tb = ta + pad_elems(std::size_t(d) * ld, eb);
-    acc_a = tb + pad_elems(std::size_t(d) * ld, eb);
+    tb = ta + pad_elems(std::size_t(d) * owned, eb);
+    acc_a = tb + pad_elems(std::size_t(d) * owned, eb);
     acc_b = acc_a + pad_elems(std::size_t(owned) * d, eb);
     s = acc_b + pad_elems(std::size_t(owned) * d, eb);
-    dp = s + pad_elems(std::size_t(streamed) * ld, eb);
+    dp = s + pad_elems(std::size_t(streamed) * owned, eb);
     const std::size_t rows = static_cast<std::size_t>(streamed > owned ? streamed : owned);
-    lse = dp + pad_elems(std::size_t(streamed) * ld, eb);
+    lse = dp + pad_elems(std::size_t(streamed) * owned, eb);
     dd = lse + pad_elems(rows, eb);
     ra = dd + pad_elems(rows, eb);
-    l1_total = ra + (host ? pad_elems(std::size_t(owned) * d, eb) : 0);
+    l1_total = ra + (rows_a ? pad_elems(std::size_t(owned) * d, eb) : 0);
   }
 };
 }  // namespace detail

@@ -122,16 +122,15 @@ struct DkDvKernel {
                                  int chunk, int kb) const {
     const int d = head_dim;
     const int j0 = kb * bk;
-    const int ld = lay.ld;  // row length of the Kᵀ, Vᵀ, S and dP tiles
     const int cols = (seq_k - j0) < bk ? (seq_k - j0) : bk;
     Acc* const qs = buf0.data() + lay.a;       // [bq][d] Q
     Acc* const dos = buf0.data() + lay.b;      // [bq][d] dO
-    Acc* const kt = buf1.data() + lay.ta;      // [d][ld] scale·Kᵀ
-    Acc* const vt = buf1.data() + lay.tb;      // [d][ld] Vᵀ
+    Acc* const kt = buf1.data() + lay.ta;      // [d][bk] scale·Kᵀ
+    Acc* const vt = buf1.data() + lay.tb;      // [d][bk] Vᵀ
     Acc* const dka = buf1.data() + lay.acc_a;  // [bk][d]
     Acc* const dva = buf1.data() + lay.acc_b;  // [bk][d]
-    Acc* const s = buf1.data() + lay.s;        // [bq][ld] S, then P
-    Acc* const dp = buf1.data() + lay.dp;      // [bq][ld] dP, then dS
+    Acc* const s = buf1.data() + lay.s;        // [bq][bk] S, then P
+    Acc* const dp = buf1.data() + lay.dp;      // [bq][bk] dP, then dS
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
     Acc* const kr = buf1.data() + lay.ra;  // FuseDq: [bk][d] K
@@ -146,8 +145,8 @@ struct DkDvKernel {
     team.team_barrier();  // the previous key block's dK, dV are written
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bk), [&](const int j) {
       const bool in = j < cols;
-      for (int c = 0; c < d; ++c) kt[c * ld + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) * scale : Acc(0);
-      for (int c = 0; c < d; ++c) vt[c * ld + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
+      for (int c = 0; c < d; ++c) kt[c * bk + j] = in ? static_cast<Acc>(k(b, j0 + j, hk, c)) * scale : Acc(0);
+      for (int c = 0; c < d; ++c) vt[c * bk + j] = in ? static_cast<Acc>(v(b, j0 + j, hk, c)) : Acc(0);
       for (int c = 0; c < d; ++c) dka[j * d + c] = dva[j * d + c] = Acc(0);
       if constexpr (FuseDq)
         if (krp == kr)
@@ -194,20 +193,20 @@ struct DkDvKernel {
             drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, ld, s, ld, false);     // S = Q·(scale·K)ᵀ
-          team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, ld, dp, ld, false);  // dP = dO·Vᵀ
+          team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, bk, s, bk, false);     // S = Q·(scale·K)ᵀ
+          team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
           team.team_barrier();
           const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
             with_host_isa([&](auto isa) KFA_SIMD_BODY {
-              score_to_ds(isa, mask, s + r * ld, dp + r * ld, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+              score_to_ds(isa, mask, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
             });
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, bk, d, bq, s, 1, ld, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
-          team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, ld, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
+          team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
+          team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
           if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-            team_gemm<ExecSpace>(team, bq, d, bk, dp, ld, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
+            team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
                                  true);
         }
       }
