@@ -248,16 +248,17 @@ struct DkDvKernel {
         srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
       }
     }
-    // The row as groups of 16 lanes, then one of 8 (tiles are multiples of 8), so the lane loops vectorize.
-    constexpr int L = 16, L8 = 8;
+    // The row as groups of `lanes`, then one of `tail_lanes` (tiles are multiples of 8), so the lane loops
+    // vectorize.
+    constexpr int L = MicroTileShape<ExecSpace>::lanes, Lt = MicroTileShape<ExecSpace>::tail_lanes;
     Acc lv[L], dv[L];
     for (int x = 0; x < L; ++x) lv[x] = l, dv[x] = dval;
     const int groups = bk / L;
     lanes_p_ds<L>(isa, srow, dprow, L, groups, lv, dv);
     int j = groups * L;
-    if (bk - j >= L8) {
-      lanes_p_ds<L8>(isa, srow + j, dprow + j, L8, 1, lv, dv);
-      j += L8;
+    if (bk - j >= Lt) {
+      lanes_p_ds<Lt>(isa, srow + j, dprow + j, Lt, 1, lv, dv);
+      j += Lt;
     }
     for (; j < bk; ++j) {
       const Acc p = fast_exp(srow[j] - l);
