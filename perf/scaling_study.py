@@ -302,8 +302,6 @@ def main():
     too_short = [p for p in ranks if n_strong < 2 * p]
     if too_short:
         ap.error(f"--strong-seq {n_strong} is shorter than 2 x {too_short[0]} ranks (zigzag needs two chunks per rank)")
-    if a.strategies and a.doc_lognormal:
-        ap.error("--strategies with --doc-lognormal: only the ring takes documents")
     os.makedirs(a.out, exist_ok=True)
     s = Study(a)
     date = datetime.date.today().isoformat()

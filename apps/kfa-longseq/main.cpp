@@ -488,8 +488,10 @@ Computed compute(const Config& c, const Shard& s, Strategy sp, Tensors<T>& t, MP
   if (sp.u == 0) {  // --sp auto
     if (p == 1)
       sp.u = 1, sp.why = "auto: one rank";
-    else
+    else if (s.documents.empty())
       choose(sp, calibrate<T>(c, s, opts, comm));
+    else
+      choose_for_documents(sp, calibrate<T>(c, s, opts, comm));
   }
   // The ring of all ranks, or the Ulysses groups and the ring between them.
   std::unique_ptr<kfa::dist::Ring> own_ring;
@@ -532,15 +534,18 @@ Computed compute(const Config& c, const Shard& s, Strategy sp, Tensors<T>& t, MP
     t.dk = Tensor<T>("kfa-longseq::dk", s.batch, s.n, s.kv_heads, s.d);
     t.dv = Tensor<T>("kfa-longseq::dv", s.batch, s.n, s.kv_heads, s.d);
   }
-  if (ulysses) {
-    kfa::dist::ulysses_attention_forward(Exec(), *ulysses, t.q, t.k, t.v, t.o, t.lse, opts, &fus);
-    if (c.backward)
-      kfa::dist::ulysses_attention_backward(Exec(), *ulysses, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts,
-                                            &bus);
-  } else if (s.documents.empty()) {
-    kfa::dist::ring_attention_forward(Exec(), ring, t.q, t.k, t.v, t.o, t.lse, opts, &fst);
-    if (c.backward)
-      kfa::dist::ring_attention_backward(Exec(), ring, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts, &bst);
+  if (s.documents.empty()) {
+    if (ulysses) {
+      kfa::dist::ulysses_attention_forward(Exec(), *ulysses, t.q, t.k, t.v, t.o, t.lse, opts, &fus);
+      if (c.backward)
+        kfa::dist::ulysses_attention_backward(Exec(), *ulysses, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv,
+                                              opts, &bus);
+    } else {
+      kfa::dist::ring_attention_forward(Exec(), ring, t.q, t.k, t.v, t.o, t.lse, opts, &fst);
+      if (c.backward)
+        kfa::dist::ring_attention_backward(Exec(), ring, t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv, opts,
+                                           &bst);
+    }
   } else {  // packed documents: the batch of one as [tokens, heads, head_dim], cu_seqlens on the device
     Kokkos::View<int*, Mem> cu("kfa-longseq::cu_seqlens", s.documents.size());
     const auto cu_h = Kokkos::create_mirror_view(cu);
@@ -549,11 +554,21 @@ Computed compute(const Config& c, const Shard& s, Strategy sp, Tensors<T>& t, MP
     const long longest = s.longest_document();
     auto tok = [](const Tensor<T>& x) { return Kokkos::subview(x, 0, Kokkos::ALL, Kokkos::ALL, Kokkos::ALL); };
     const auto lse = Kokkos::subview(t.lse, 0, Kokkos::ALL, Kokkos::ALL);
-    kfa::dist::ring_attention_forward_varlen(Exec(), ring, tok(t.q), tok(t.k), tok(t.v), tok(t.o), lse, cu, cu, longest,
-                                             longest, opts, &fst);
-    if (c.backward)
-      kfa::dist::ring_attention_backward_varlen(Exec(), ring, tok(t.q), tok(t.k), tok(t.v), tok(t.o), tok(t.d_o), lse,
-                                                tok(t.dq), tok(t.dk), tok(t.dv), cu, cu, longest, longest, opts, &bst);
+    if (ulysses) {
+      kfa::dist::ulysses_attention_forward_varlen(Exec(), *ulysses, tok(t.q), tok(t.k), tok(t.v), tok(t.o), lse, cu, cu,
+                                                  longest, longest, opts, &fus);
+      if (c.backward)
+        kfa::dist::ulysses_attention_backward_varlen(Exec(), *ulysses, tok(t.q), tok(t.k), tok(t.v), tok(t.o),
+                                                     tok(t.d_o), lse, tok(t.dq), tok(t.dk), tok(t.dv), cu, cu, longest,
+                                                     longest, opts, &bus);
+    } else {
+      kfa::dist::ring_attention_forward_varlen(Exec(), ring, tok(t.q), tok(t.k), tok(t.v), tok(t.o), lse, cu, cu,
+                                               longest, longest, opts, &fst);
+      if (c.backward)
+        kfa::dist::ring_attention_backward_varlen(Exec(), ring, tok(t.q), tok(t.k), tok(t.v), tok(t.o), tok(t.d_o), lse,
+                                                  tok(t.dq), tok(t.dk), tok(t.dv), cu, cu, longest, longest, opts,
+                                                  &bst);
+    }
   }
   r.total_s = max_over(MPI_Wtime() - tc0, comm);
   r.split = split_steps({&fst, &bst}, r.exchange_alone_s, r.exchange_bytes, comm);
@@ -943,7 +958,7 @@ int run(const Config& c, MPI_Comm comm) {
   const double t_start = MPI_Wtime();
   Input in;
   const Shard s = describe_input(c, in, comm);
-  const Strategy sp = asked_strategy(c, p, s.heads, !s.documents.empty());
+  const Strategy sp = asked_strategy(c, p, s.heads);
   kfa::io::agree(comm, memory_problem<T>(c, s, p, comm));  // every rank refuses alike, before allocating
   Tensors<T> t;
   Outcome x;

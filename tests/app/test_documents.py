@@ -2,7 +2,7 @@
 """kfa-longseq with documents packed into the sequence (variable-length batches): --doc-lengths and
 --doc-lognormal with --generate, a 'cu_seqlens' dataset (int32 or int64, written here by h5py) with --input. The
 results equal float64 numpy applied to each document alone (no token sees another document's), for several
-rank counts and layouts; a file with the same tensors and cu_seqlens gives bitwise the same results; --check
+rank counts, layouts and strategies (ring, Ulysses, hybrid); a file with the same tensors and cu_seqlens gives bitwise the same results; --check
 checks rows of several documents; bad documents are refused with a message and exit 2.
 
   test_documents.py APP MPIEXEC [MPIEXEC flags...]
@@ -66,13 +66,18 @@ def documents_end_to_end(tmp):
          for n, i, hh in (("q", 0, h), ("k", 1, hkv), ("v", 2, hkv), ("do", 3, h))}
     ref = reference_documents(x, cu, causal=True)
     runs = {}
-    for np_, layout in ((1, "contiguous"), (2, "zigzag"), (3, "contiguous"), (3, "zigzag")):
-        out = os.path.join(tmp, f"docs_{np_}_{layout}.h5")
-        js = os.path.join(tmp, f"docs_{np_}_{layout}.json")
+    # the ring, Ulysses (every document whole on each rank between the all-to-alls) and the hybrid
+    for np_, layout, sp in ((1, "contiguous", []), (2, "zigzag", []), (3, "contiguous", []), (3, "zigzag", []),
+                            (2, "zigzag", ["--sp", "ulysses"]), (4, "contiguous", ["--sp", "ulysses"]),
+                            (4, "zigzag", ["--sp", "hybrid", "--ulysses-degree", 2]),
+                            (4, "contiguous", ["--sp", "hybrid", "--ulysses-degree", 2])):
+        name = "_".join(map(str, [np_, layout] + sp[1::2]))
+        out = os.path.join(tmp, f"docs_{name}.h5")
+        js = os.path.join(tmp, f"docs_{name}.json")
         rc, log = run(np_, "--generate", "--doc-lengths", ",".join(map(str, lengths)), "--heads", h, "--kv-heads",
                       hkv, "--head-dim", d, "--seed", seed, "--dtype", "float64", "--causal", "--layout", layout,
-                      "--backward", "--check", 4, "--output", out, "--json", js)
-        tag = f"--doc-lengths {lengths}, P={np_} {layout}"
+                      "--backward", "--check", 4, "--output", out, "--json", js, *sp)
+        tag = f"--doc-lengths {lengths}, P={np_} {layout} {' '.join(map(str, sp))}"
         if rc != 0:
             check(False, f"{tag}: exit {rc}")
             print(log)
@@ -92,7 +97,11 @@ def documents_end_to_end(tmp):
         check(summary.get("documents") == 5 and summary.get("longest_document") == 90,
               f"{tag}: the JSON summary gives documents 5, longest 90 (got {summary.get('documents')}, "
               f"{summary.get('longest_document')})")
-        runs[np_] = got
+        kind = sp[1] if sp else "ring"
+        check(summary.get("sp") == kind and (summary.get("a2a_bytes", 0) > 0) == bool(sp),
+              f"{tag}: the JSON names the strategy ({summary.get('sp')}) and its all-to-all bytes")
+        if not sp:
+            runs[np_] = got
     # Without documents the same tensors give other results (the documents are really applied).
     out = os.path.join(tmp, "one_sequence.h5")
     rc, log = run(1, "--generate", "--seqlen", s, "--heads", h, "--kv-heads", hkv, "--head-dim", d, "--seed", seed,

@@ -63,4 +63,28 @@ Tensor<T> shard(const Tensor<T>& g, const std::vector<kfa::dist::Segment>& segs)
   return out;
 }
 
+// Packed [tokens, heads, d] views of a batch-of-one tensor, cu_seqlens of lengths, a rank-2 View as doubles.
+template <class T>
+using Packed3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T>
+Packed3<T> p3(const Tensor<T>& x) {
+  return Packed3<T>(x.data(), x.extent(1), x.extent(2), x.extent(3));
+}
+inline Kokkos::View<int*, Mem> cu_of(const std::vector<int>& len) {
+  Kokkos::View<int*, Mem> d("cu_seqlens", len.size() + 1);
+  auto h = Kokkos::create_mirror_view(d);
+  h(0) = 0;
+  for (size_t s = 0; s < len.size(); ++s) h(s + 1) = h(s) + len[s];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+template <class V>
+std::vector<double> doubles2(const V& x) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  std::vector<double> out;
+  for (size_t a = 0; a < x.extent(0); ++a)
+    for (size_t b = 0; b < x.extent(1); ++b) out.push_back(static_cast<double>(h(a, b)));
+  return out;
+}
+
 }  // namespace kfa_test

@@ -372,29 +372,6 @@ TEST(RingMergeOp, AllreduceOfPartialsEqualsFullAttention) {
 
 // ---- Packed variable-length sequences over the ring ----
 namespace {
-template <class T>
-using Packed3 = Kokkos::View<T***, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-template <class T>
-Packed3<T> p3(const Tensor<T>& x) {
-  return Packed3<T>(x.data(), x.extent(1), x.extent(2), x.extent(3));
-}
-Kokkos::View<int*, Mem> cu_of(const std::vector<int>& len) {
-  Kokkos::View<int*, Mem> d("cu_seqlens", len.size() + 1);
-  auto h = Kokkos::create_mirror_view(d);
-  h(0) = 0;
-  for (size_t s = 0; s < len.size(); ++s) h(s + 1) = h(s) + len[s];
-  Kokkos::deep_copy(d, h);
-  return d;
-}
-template <class V>
-std::vector<double> doubles2(const V& x) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
-  std::vector<double> out;
-  for (size_t a = 0; a < x.extent(0); ++a)
-    for (size_t b = 0; b < x.extent(1); ++b) out.push_back(static_cast<double>(h(a, b)));
-  return out;
-}
-
 // The ring over the packed stream against attention_forward_varlen / attention_backward_varlen on the whole
 // stream on one rank (same element type), every rank checking its own shard.
 template <class T>

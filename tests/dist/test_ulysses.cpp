@@ -102,6 +102,69 @@ void check_ulysses(const Case& c, int degree) {
   EXPECT_EQ(to_doubles4(dv), to_doubles4(dv2));
 }
 
+// Ulysses of degree U over a packed stream of documents against attention_forward_varlen /
+// attention_backward_varlen on the whole stream on one rank (same element type), every rank checking its shard,
+// and a second backward bitwise equal.
+template <class T>
+void check_ulysses_varlen(Layout layout, int degree, const std::vector<int>& lq, const std::vector<int>& lk, int hq,
+                          int hkv, const RefOptions& ro) {
+  const int p = world_size(), r = world_rank();
+  const std::uint64_t seed = shared_seed();
+  const int d = 32;
+  int tq = 0, tk = 0, mq = 0, mk = 0;
+  for (size_t s = 0; s < lq.size(); ++s) tq += lq[s], tk += lk[s], mq = std::max(mq, lq[s]), mk = std::max(mk, lk[s]);
+  SCOPED_TRACE(describe(Shape{1, tq, tk, hq, hkv, d}, ro, seed) + " varlen, " + std::to_string(lq.size()) +
+               " sequences, layout " + kfa::dist::to_string(layout) + " P " + std::to_string(p) + " U " +
+               std::to_string(degree));
+  std::mt19937_64 rng(seed);
+  Tensor<T> q("q", 1, tq, hq, d), k("k", 1, tk, hkv, d), v("v", 1, tk, hkv, d), d_o("do", 1, tq, hq, d);
+  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
+  const auto cu_q = cu_of(lq), cu_k = cu_of(lk);
+  const kfa::AttentionOptions opts = to_kfa(ro);
+  Tensor<T> o1("o1", 1, tq, hq, d), dq1("dq1", 1, tq, hq, d), dk1("dk1", 1, tk, hkv, d), dv1("dv1", 1, tk, hkv, d);
+  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse1("lse1", hq, tq);
+  kfa::attention_forward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), lse1, cu_q, cu_k, mq, mk, opts);
+  kfa::attention_backward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), p3(d_o), lse1, p3(dq1), p3(dk1), p3(dv1), cu_q,
+                                 cu_k, mq, mk, opts);
+  Exec().fence();
+  std::vector<int> cq{0}, ck{0};
+  for (size_t s = 0; s < lq.size(); ++s) cq.push_back(cq.back() + lq[s]), ck.push_back(ck.back() + lk[s]);
+  const auto qs = kfa::dist::document_shard(layout, cq, p, r), ks = kfa::dist::document_shard(layout, ck, p, r);
+  const auto ql = shard(q, qs), dol = shard(d_o, qs), kl = shard(k, ks), vl = shard(v, ks);
+  const long nq = ql.extent(1), nk = kl.extent(1);
+  Tensor<T> o("o", 1, nq, hq, d), dq("dq", 1, nq, hq, d), dk("dk", 1, nk, hkv, d), dv("dv", 1, nk, hkv, d);
+  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse("lse", hq, nq);
+  poison(o), poison(lse), poison(dq), poison(dk), poison(dv);
+  kfa::dist::Ulysses u(MPI_COMM_WORLD, degree, layout);
+  kfa::dist::UlyssesStats fst;
+  kfa::dist::ulysses_attention_forward_varlen(Exec(), u, p3(ql), p3(kl), p3(vl), p3(o), lse, cu_q, cu_k, mq, mk, opts,
+                                              &fst);
+  kfa::dist::ulysses_attention_backward_varlen(Exec(), u, p3(ql), p3(kl), p3(vl), p3(o), p3(dol), lse, p3(dq), p3(dk),
+                                               p3(dv), cu_q, cu_k, mq, mk, opts);
+  Exec().fence();
+  if (degree > 1) EXPECT_GT(fst.a2a_bytes, 0u);
+  const Shape sq{1, tq, tk, hq, hkv, d};
+  const double tol = tolerance<T>();
+  EXPECT_TRUE(close_frobenius(to_doubles4(o), take_rows4(to_doubles4(o1), sq, hq, tq, qs), tol)) << "o";
+  const auto l1 = doubles2(lse1);
+  std::vector<double> lwant;
+  for (int h = 0; h < hq; ++h)
+    for (const auto& sg : qs)
+      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i) lwant.push_back(l1[size_t(h) * tq + i]);
+  EXPECT_TRUE(close_lse(doubles2(lse), lwant, tol)) << "lse";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dq), take_rows4(to_doubles4(dq1), sq, hq, tq, qs), tol)) << "dq";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dk), take_rows4(to_doubles4(dk1), sq, hkv, tk, ks), tol)) << "dk";
+  EXPECT_TRUE(close_frobenius(to_doubles4(dv), take_rows4(to_doubles4(dv1), sq, hkv, tk, ks), tol)) << "dv";
+  Tensor<T> dq2("dq2", 1, nq, hq, d), dk2("dk2", 1, nk, hkv, d), dv2("dv2", 1, nk, hkv, d);
+  poison(dq2), poison(dk2), poison(dv2);
+  kfa::dist::ulysses_attention_backward_varlen(Exec(), u, p3(ql), p3(kl), p3(vl), p3(o), p3(dol), lse, p3(dq2), p3(dk2),
+                                               p3(dv2), cu_q, cu_k, mq, mk, opts);
+  Exec().fence();
+  EXPECT_EQ(to_doubles4(dq), to_doubles4(dq2));
+  EXPECT_EQ(to_doubles4(dk), to_doubles4(dk2));
+  EXPECT_EQ(to_doubles4(dv), to_doubles4(dv2));
+}
+
 }  // namespace
 
 template <class T>
@@ -181,6 +244,32 @@ TEST(UlyssesHeads, PlanOfEveryKind) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Packed documents through every degree and both layouts (zigzag: every document in 2P chunks), every mask per
+// document, GQA, empty and one-token documents, query and key lengths that differ per document, many documents
+// shorter than 2P tokens around a long one.
+TYPED_TEST(Ulysses, VariableLengthSequences) {
+  const int p = world_size();
+  const std::vector<int> lens = {37, 0, 150, 5, 91, 1, 60, 130};
+  RefOptions causal;
+  causal.causal = true;
+  RefOptions sliding;
+  sliding.causal = true, sliding.window_left = 20;
+  RefOptions both;
+  both.window_left = 9, both.window_right = 4, both.softcap = 5.0;
+  const std::vector<int> lq = {20, 90, 0, 33, 64}, lk = {45, 30, 12, 33, 100};
+  std::vector<int> many(40, 3);
+  many[7] = 0, many[11] = 1, many[20] = 200, many[33] = 7;
+  for (int u : degrees_of(p))
+    for (Layout layout : {Layout::contiguous, Layout::zigzag}) {
+      check_ulysses_varlen<TypeParam>(layout, u, lens, lens, 12, 12, RefOptions{});
+      check_ulysses_varlen<TypeParam>(layout, u, lens, lens, 12, 4, causal);
+      check_ulysses_varlen<TypeParam>(layout, u, lens, lens, 12, 1, sliding);
+      check_ulysses_varlen<TypeParam>(layout, u, lq, lk, 12, 6, causal);
+      check_ulysses_varlen<TypeParam>(layout, u, lq, lk, 12, 12, both);
+    }
+  for (int u : degrees_of(p)) check_ulysses_varlen<TypeParam>(Layout::zigzag, u, many, many, 12, 4, causal);
 }
 
 // Refusals reach every rank with the same message: a degree that does not divide P, one that differs across ranks,

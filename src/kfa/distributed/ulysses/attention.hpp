@@ -13,6 +13,7 @@
 #include <kfa/distributed/ring/buffers.hpp>
 #include <kfa/distributed/ring/forward.hpp>
 #include <kfa/distributed/ring/steps.hpp>
+#include <kfa/distributed/ring/varlen.hpp>
 #include <kfa/distributed/ulysses/exchange.hpp>
 #include <kfa/distributed/ulysses/group.hpp>
 #include <kfa/mpi/agreement.hpp>
@@ -48,6 +49,14 @@ inline void agree_on_stage(const Ulysses& u, const char* fn, const char* stage, 
   kfa::dist::agree(u.all().comm(), err, std::string(fn) + ": " + stage + ": ");
 }
 
+/// The documents as the ring of the groups reads them: the stream's (its map holds runs of the stream, so the
+/// kernels place each block's documents from the runs' positions), without the zigzag's tables.
+inline RingDocuments group_documents(const RingDocuments& docs) {
+  RingDocuments g = docs;
+  g.tables.clear();
+  return g;
+}
+
 template <class ExecSpace, class E>
 using HeadExchangePtr = std::unique_ptr<HeadExchange<ExecSpace, E>>;
 
@@ -64,8 +73,8 @@ void exchange_stage(const Ulysses& u, const char* fn, const char* stage, Pack&& 
 
 template <class ExecSpace, class QV, class KV, class VV, class OV, class LV>
 void ulysses_forward(const char* fn, const ExecSpace& space, const Ulysses& u, const ShardMap& map, const HeadPlan& hp,
-                     const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse, const AttentionOptions& opts,
-                     UlyssesStats* stats) {
+                     const RingDocuments& docs, const QV& q, const KV& k, const VV& v, const OV& o, const LV& lse,
+                     const AttentionOptions& opts, UlyssesStats* stats) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using Mem = typename ExecSpace::memory_space;
@@ -78,7 +87,7 @@ void ulysses_forward(const char* fn, const ExecSpace& space, const Ulysses& u, c
     if (timed) stats->heads = hp, stats->transport = u.group().transport<Mem>();
     const double t = stamp(space, timed);
     agree_on_stage(u, fn, "attention", capture([&] { u.injected_fault(1); }));
-    ring_forward(fn, space, u.ring(), map, RingDocuments{}, q, k, v, o, lse, opts, timed ? &stats->ring : nullptr);
+    ring_forward(fn, space, u.ring(), map, docs, q, k, v, o, lse, opts, timed ? &stats->ring : nullptr);
     if (timed) stats->attention_s = stats->total_s = stamp(space, true) - t;
     return;
   }
@@ -124,7 +133,7 @@ void ulysses_forward(const char* fn, const ExecSpace& space, const Ulysses& u, c
                  }));
   // every rank enters its ring (whose failures its ranks agree on), then all P agree
   agree_on_stage(u, fn, "attention", capture([&] {
-                   ring_forward(fn, space, u.ring(), rmap, RingDocuments{}, qy, ky, vy, oy, ly, opts,
+                   ring_forward(fn, space, u.ring(), rmap, group_documents(docs), qy, ky, vy, oy, ly, opts,
                                 timed ? &stats->ring : nullptr);
                  }));
   const double t2 = stamp(space, timed);
@@ -153,8 +162,9 @@ void ulysses_forward(const char* fn, const ExecSpace& space, const Ulysses& u, c
 
 template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV>
 void ulysses_backward(const char* fn, const ExecSpace& space, const Ulysses& u, const ShardMap& map, const HeadPlan& hp,
-                      const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o, const LV& lse, const DQV& dq,
-                      const DKV& dk, const DVV& dv, const AttentionOptions& opts, UlyssesStats* stats) {
+                      const RingDocuments& docs, const QV& q, const KV& k, const VV& v, const OV& o, const DOV& d_o,
+                      const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv, const AttentionOptions& opts,
+                      UlyssesStats* stats) {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using Mem = typename ExecSpace::memory_space;
@@ -168,7 +178,7 @@ void ulysses_backward(const char* fn, const ExecSpace& space, const Ulysses& u, 
     const double t = stamp(space, timed);
     agree_on_stage(u, fn, "attention", capture([&] { u.injected_fault(1); }));
     const auto dd = agreed_row_dot(space, u.ring(), fn, o, d_o);
-    ring_backward(fn, space, u.ring(), map, RingDocuments{}, q, k, v, dd, d_o, lse, dq, dk, dv, opts,
+    ring_backward(fn, space, u.ring(), map, docs, q, k, v, dd, d_o, lse, dq, dk, dv, opts,
                   timed ? &stats->ring : nullptr);
     if (timed) stats->attention_s = stats->total_s = stamp(space, true) - t;
     return;
@@ -231,8 +241,8 @@ void ulysses_backward(const char* fn, const ExecSpace& space, const Ulysses& u, 
                    dvy = kept_tensor<T, Mem>(u.group(), std::string(key) + "dv", b, tk.total, hp.kv_local, d);
                  }));
   agree_on_stage(u, fn, "attention", capture([&] {
-                   ring_backward(fn, space, u.ring(), rmap, RingDocuments{}, qy, ky, vy, ddy, doy, ly, dqy, dky, dvy,
-                                 opts, timed ? &stats->ring : nullptr);
+                   ring_backward(fn, space, u.ring(), rmap, group_documents(docs), qy, ky, vy, ddy, doy, ly, dqy, dky,
+                                 dvy, opts, timed ? &stats->ring : nullptr);
                  }));
   const double t2 = stamp(space, timed);
   exchange_stage(
@@ -265,11 +275,12 @@ void ulysses_backward(const char* fn, const ExecSpace& space, const Ulysses& u, 
   }
 }
 
-/// The agreed shard map and head plan of a Ulysses call (arguments checked on every rank before).
+/// The agreed shard map and head plan of a Ulysses call (arguments checked on every rank before); with
+/// `documents` the map is of the ranks' lengths, to be made the map over the documents (agree_on_documents).
 template <class QV, class KV>
 std::pair<ShardMap, HeadPlan> ulysses_plan(const Ulysses& u, const char* fn, const QV& q, const KV& k,
-                                           const AttentionOptions& opts) {
-  const ShardMap map = agree_on_shapes(u.all(), fn, q, k, opts);
+                                           const AttentionOptions& opts, bool documents = false) {
+  const ShardMap map = agree_on_shapes(u.all(), fn, q, k, opts, documents);
   HeadPlan hp;
   collective_check(u.all(), fn, [&] {
     hp = plan_heads(fn, static_cast<int>(q.extent(2)), static_cast<int>(k.extent(2)), u.degree());
@@ -293,7 +304,7 @@ void ulysses_attention_forward(const ExecSpace& space, const Ulysses& u, const Q
   constexpr const char* fn = "kfa::dist::ulysses_attention_forward";
   detail::collective_check(u.all(), fn, [&] { kfa::detail::check_forward(fn, q, k, v, o, lse, opts); });
   const auto plan = detail::ulysses_plan(u, fn, q, k, opts);
-  detail::ulysses_forward(fn, space, u, plan.first, plan.second, q, k, v, o, lse, opts, stats);
+  detail::ulysses_forward(fn, space, u, plan.first, plan.second, detail::RingDocuments{}, q, k, v, o, lse, opts, stats);
 }
 
 /// Ulysses or hybrid attention backward: the shards of q, k, v, the forward's o and lse, and d_o in; the
@@ -307,7 +318,77 @@ void ulysses_attention_backward(const ExecSpace& space, const Ulysses& u, const 
   detail::collective_check(u.all(), fn,
                            [&] { kfa::detail::check_backward(fn, q, k, v, o, d_o, lse, dq, dk, dv, opts); });
   const auto plan = detail::ulysses_plan(u, fn, q, k, opts);
-  detail::ulysses_backward(fn, space, u, plan.first, plan.second, q, k, v, o, d_o, lse, dq, dk, dv, opts, stats);
+  detail::ulysses_backward(fn, space, u, plan.first, plan.second, detail::RingDocuments{}, q, k, v, o, d_o, lse, dq, dk,
+                           dv, opts, stats);
+}
+
+/// Ulysses or hybrid attention forward over packed variable-length sequences: each rank passes its shard of the
+/// packed stream (kfa::dist::document_shard in u.layout(), as for ring_attention_forward_varlen) of q
+/// [n_q(rank), heads_q, d] and of k, v [n_k(rank), heads_kv, d], cu_seqlens_q, cu_seqlens_k (int32, the same on
+/// every rank) and the longest lengths; gets its shard of o and lse [heads_q, n_q(rank)]: equal to
+/// attention_forward_varlen on the gathered stream up to rounding. Between the all-to-alls each member holds its
+/// heads of the group's tokens: with U = P the whole stream, every document whole. Collective.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV, class CQ, class CK>
+void ulysses_attention_forward_varlen(const ExecSpace& space, const Ulysses& u, const QV& q, const KV& k, const VV& v,
+                                      const OV& o, const LV& lse, const CQ& cu_seqlens_q, const CK& cu_seqlens_k,
+                                      long max_seqlen_q, long max_seqlen_k, const AttentionOptions& opts = {},
+                                      UlyssesStats* stats = nullptr) {
+  constexpr const char* fn = "kfa::dist::ulysses_attention_forward_varlen";
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  using kfa::detail::with_batch_of_one;
+  const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
+  const auto o4 = with_batch_of_one(o);
+  const auto lse3 = with_batch_of_one(lse);
+  kfa::detail::static_check_forward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4),
+                                    decltype(lse3)>();
+  detail::collective_check(u.all(), fn, [&] {
+    kfa::detail::check_packed_qkv(fn, q, k, v);
+    kfa::detail::check_packed_like(fn, "o", o, "q", q);
+    kfa::detail::check_packed_lse(fn, lse, q);
+    kfa::detail::check_forward(fn, q4, k4, v4, o4, lse3, opts);
+  });
+  auto plan = detail::ulysses_plan(u, fn, q4, k4, opts, true);
+  const detail::RingDocuments docs =
+      detail::agree_on_documents(u.all(), fn, plan.first, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  detail::ulysses_forward(fn, space, u, plan.first, plan.second, docs, q4, k4, v4, o4, lse3, opts, stats);
+}
+
+/// Ulysses or hybrid attention backward over packed variable-length sequences (the shards, cu_seqlens and
+/// lengths of ulysses_attention_forward_varlen, and that call's o and lse): each rank gets its shards of dq,
+/// dk, dv. Deterministic for a fixed P, U and layout. Collective.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV,
+          class CQ, class CK>
+void ulysses_attention_backward_varlen(const ExecSpace& space, const Ulysses& u, const QV& q, const KV& k, const VV& v,
+                                       const OV& o, const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk,
+                                       const DVV& dv, const CQ& cu_seqlens_q, const CK& cu_seqlens_k, long max_seqlen_q,
+                                       long max_seqlen_k, const AttentionOptions& opts = {},
+                                       UlyssesStats* stats = nullptr) {
+  constexpr const char* fn = "kfa::dist::ulysses_attention_backward_varlen";
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  using kfa::detail::with_batch_of_one;
+  const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
+  const auto o4 = with_batch_of_one(o), do4 = with_batch_of_one(d_o);
+  const auto dq4 = with_batch_of_one(dq), dk4 = with_batch_of_one(dk), dv4 = with_batch_of_one(dv);
+  const auto lse3 = with_batch_of_one(lse);
+  kfa::detail::static_check_backward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4), decltype(do4),
+                                     decltype(lse3), decltype(dq4), decltype(dk4), decltype(dv4)>();
+  detail::collective_check(u.all(), fn, [&] {
+    kfa::detail::check_packed_qkv(fn, q, k, v);
+    kfa::detail::check_packed_like(fn, "o", o, "q", q);
+    kfa::detail::check_packed_like(fn, "d_o", d_o, "q", q);
+    kfa::detail::check_packed_lse(fn, lse, q);
+    kfa::detail::check_packed_like(fn, "dq", dq, "q", q);
+    kfa::detail::check_packed_like(fn, "dk", dk, "k", k);
+    kfa::detail::check_packed_like(fn, "dv", dv, "k", k);
+    kfa::detail::check_backward(fn, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts);
+  });
+  auto plan = detail::ulysses_plan(u, fn, q4, k4, opts, true);
+  const detail::RingDocuments docs =
+      detail::agree_on_documents(u.all(), fn, plan.first, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  detail::ulysses_backward(fn, space, u, plan.first, plan.second, docs, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts,
+                           stats);
 }
 
 }  // namespace dist

@@ -38,9 +38,20 @@ struct GroupTokens {
   long total = 0;
 };
 
-/// The runs of the sequence held by group g (ranks g·U … g·U + U − 1) of `map` (queries or keys), in global
-/// order with adjacent segments joined (local_begin: where the run starts in the group's arrays), and, when
-/// `tokens` is given, where each member's segments sit in them.
+/// The runs of the stream that rank r holds (queries or keys), local_begin in its arrays: its segments, or, in a
+/// map over documents (zigzag), its documents' pieces, whose segments are not runs of the stream.
+inline std::vector<Segment> member_runs(const ShardMap& map, bool keys, int r) {
+  if (map.documents() == 0) return keys ? map.k_segments(r) : map.q_segments(r);
+  std::vector<Segment> runs = keys ? map.k_pieces(r, 0) : map.q_pieces(r, 0);
+  for (const Segment& s : keys ? map.k_pieces(r, 1) : map.q_pieces(r, 1)) runs.push_back(s);
+  return runs;
+}
+
+/// The runs of the stream held by group g (ranks g·U … g·U + U − 1) of `map` (queries or keys), in global
+/// order with adjacent runs joined (local_begin: where the run starts in the group's arrays), and, when
+/// `tokens` is given, where each member's runs sit in them. Over documents cut in zigzag chunks a group of
+/// U < P ranks holds two runs per document (its chunks gU … gU + U − 1 and their mirror), a group of all P
+/// ranks the whole stream in one.
 inline std::vector<Segment> group_runs(const ShardMap& map, bool keys, int u, int g, GroupTokens* tokens = nullptr) {
   struct Item {
     Segment s;
@@ -49,7 +60,7 @@ inline std::vector<Segment> group_runs(const ShardMap& map, bool keys, int u, in
   std::vector<Item> items;
   if (tokens) tokens->pieces.assign(u, {}), tokens->lengths.assign(u, 0);
   for (int m = 0; m < u; ++m)
-    for (const Segment& s : keys ? map.k_segments(g * u + m) : map.q_segments(g * u + m)) {
+    for (const Segment& s : member_runs(map, keys, g * u + m)) {
       if (tokens) tokens->lengths[m] += s.length;
       if (s.length > 0) items.push_back({s, m});
     }
