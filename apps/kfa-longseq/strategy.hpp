@@ -157,8 +157,9 @@ inline void choose(Strategy& s, const SpModelInputs& m) {
 /// --sp auto over packed documents: the largest Ulysses degree the heads allow whose groups lie within a node.
 /// The model is of one sequence and does not see what documents cost the ring: it cuts them into pieces (zigzag:
 /// 2P per document) whose tiles straddle, and with the contiguous layout it is unbalanced; Ulysses keeps every
-/// document whole on each rank. Measured on CPU (2 ranks, 16,384 tokens in 12 log-normal documents, causal,
-/// forward+backward): Ulysses 1.3-1.55x the ring. The model's predictions are still reported.
+/// document whole on each rank. Measured on CPU (Intel Xeon, 2 ranks, 16,384 tokens in 12 log-normal documents,
+/// causal, forward+backward): Ulysses 1.32-1.53x the ring (docs/sequence_parallel.md). The model's predictions are
+/// still reported.
 inline void choose_for_documents(Strategy& s, const SpModelInputs& m) {
   s.model = m;
   s.predictions = predict_all(m);
