@@ -377,52 +377,23 @@ namespace {
 template <class T>
 void check_ring_varlen(Layout layout, const std::vector<int>& lq, const std::vector<int>& lk, int hq, int hkv,
                        const RefOptions& ro) {
-  const int p = world_size(), r = world_rank();
+  const int p = world_size();
   const std::uint64_t seed = shared_seed();
-  const int d = 64;
-  int tq = 0, tk = 0, mq = 0, mk = 0;
-  for (size_t s = 0; s < lq.size(); ++s) tq += lq[s], tk += lk[s], mq = std::max(mq, lq[s]), mk = std::max(mk, lk[s]);
-  SCOPED_TRACE(describe(Shape{1, tq, tk, hq, hkv, d}, ro, seed) + " varlen, " + std::to_string(lq.size()) +
-               " sequences, layout " + kfa::dist::to_string(layout) + " P " + std::to_string(p));
-  std::mt19937_64 rng(seed);
-  Tensor<T> q("q", 1, tq, hq, d), k("k", 1, tk, hkv, d), v("v", 1, tk, hkv, d), d_o("do", 1, tq, hq, d);
-  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
-  const auto cu_q = cu_of(lq), cu_k = cu_of(lk);
   const kfa::AttentionOptions opts = to_kfa(ro);
-  // one rank, whole stream
-  Tensor<T> o1("o1", 1, tq, hq, d), dq1("dq1", 1, tq, hq, d), dk1("dk1", 1, tk, hkv, d), dv1("dv1", 1, tk, hkv, d);
-  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse1("lse1", hq, tq);
-  kfa::attention_forward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), lse1, cu_q, cu_k, mq, mk, opts);
-  kfa::attention_backward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), p3(d_o), lse1, p3(dq1), p3(dk1), p3(dv1), cu_q,
-                                 cu_k, mq, mk, opts);
-  Exec().fence();
-  // the ring, each rank its shards
-  std::vector<int> cq{0}, ck{0};
-  for (size_t s = 0; s < lq.size(); ++s) cq.push_back(cq.back() + lq[s]), ck.push_back(ck.back() + lk[s]);
-  const auto qs = kfa::dist::document_shard(layout, cq, p, r), ks = kfa::dist::document_shard(layout, ck, p, r);
-  const auto ql = shard(q, qs), dol = shard(d_o, qs), kl = shard(k, ks), vl = shard(v, ks);
-  const long nq = ql.extent(1), nk = kl.extent(1);
-  Tensor<T> o("o", 1, nq, hq, d), dq("dq", 1, nq, hq, d), dk("dk", 1, nk, hkv, d), dv("dv", 1, nk, hkv, d);
-  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse("lse", hq, nq);
+  const PackedStream<T> x(layout, lq, lk, hq, hkv, 64, opts, seed);
+  SCOPED_TRACE(x.describe(ro, seed, lq.size()) + ", layout " + kfa::dist::to_string(layout) + " P " +
+               std::to_string(p));
+  const long nq = x.ql.extent(1), nk = x.kl.extent(1);
+  Tensor<T> o("o", 1, nq, hq, 64), dq("dq", 1, nq, hq, 64), dk("dk", 1, nk, hkv, 64), dv("dv", 1, nk, hkv, 64);
+  typename PackedStream<T>::Lse2 lse("lse", hq, nq);
   poison(o), poison(lse), poison(dq), poison(dk), poison(dv);
   kfa::dist::Ring ring(MPI_COMM_WORLD, layout);
-  kfa::dist::ring_attention_forward_varlen(Exec(), ring, p3(ql), p3(kl), p3(vl), p3(o), lse, cu_q, cu_k, mq, mk, opts);
-  kfa::dist::ring_attention_backward_varlen(Exec(), ring, p3(ql), p3(kl), p3(vl), p3(o), p3(dol), lse, p3(dq), p3(dk),
-                                            p3(dv), cu_q, cu_k, mq, mk, opts);
+  kfa::dist::ring_attention_forward_varlen(Exec(), ring, p3(x.ql), p3(x.kl), p3(x.vl), p3(o), lse, x.cu_q, x.cu_k, x.mq,
+                                           x.mk, opts);
+  kfa::dist::ring_attention_backward_varlen(Exec(), ring, p3(x.ql), p3(x.kl), p3(x.vl), p3(o), p3(x.dol), lse, p3(dq),
+                                            p3(dk), p3(dv), x.cu_q, x.cu_k, x.mq, x.mk, opts);
   Exec().fence();
-  const Shape sq{1, tq, tk, hq, hkv, d};
-  const double tol = tolerance<T>();
-  EXPECT_TRUE(close_frobenius(to_doubles4(o), take_rows4(to_doubles4(o1), sq, hq, tq, qs), tol)) << "o";
-  // lse [heads, total]: the shard's rows of every head
-  const auto l1 = doubles2(lse1);
-  std::vector<double> lwant;
-  for (int h = 0; h < hq; ++h)
-    for (const auto& sg : qs)
-      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i) lwant.push_back(l1[size_t(h) * tq + i]);
-  EXPECT_TRUE(close_lse(doubles2(lse), lwant, tol)) << "lse";
-  EXPECT_TRUE(close_frobenius(to_doubles4(dq), take_rows4(to_doubles4(dq1), sq, hq, tq, qs), tol)) << "dq";
-  EXPECT_TRUE(close_frobenius(to_doubles4(dk), take_rows4(to_doubles4(dk1), sq, hkv, tk, ks), tol)) << "dk";
-  EXPECT_TRUE(close_frobenius(to_doubles4(dv), take_rows4(to_doubles4(dv1), sq, hkv, tk, ks), tol)) << "dv";
+  x.expect_shard(o, lse, dq, dk, dv, tolerance<T>());
 }
 }  // namespace
 

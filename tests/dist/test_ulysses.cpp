@@ -108,58 +108,32 @@ void check_ulysses(const Case& c, int degree) {
 template <class T>
 void check_ulysses_varlen(Layout layout, int degree, const std::vector<int>& lq, const std::vector<int>& lk, int hq,
                           int hkv, const RefOptions& ro) {
-  const int p = world_size(), r = world_rank();
+  const int p = world_size(), d = 32;
   const std::uint64_t seed = shared_seed();
-  const int d = 32;
-  int tq = 0, tk = 0, mq = 0, mk = 0;
-  for (size_t s = 0; s < lq.size(); ++s) tq += lq[s], tk += lk[s], mq = std::max(mq, lq[s]), mk = std::max(mk, lk[s]);
-  SCOPED_TRACE(describe(Shape{1, tq, tk, hq, hkv, d}, ro, seed) + " varlen, " + std::to_string(lq.size()) +
-               " sequences, layout " + kfa::dist::to_string(layout) + " P " + std::to_string(p) + " U " +
-               std::to_string(degree));
-  std::mt19937_64 rng(seed);
-  Tensor<T> q("q", 1, tq, hq, d), k("k", 1, tk, hkv, d), v("v", 1, tk, hkv, d), d_o("do", 1, tq, hq, d);
-  fill_random(q, rng), fill_random(k, rng), fill_random(v, rng), fill_random(d_o, rng);
-  const auto cu_q = cu_of(lq), cu_k = cu_of(lk);
   const kfa::AttentionOptions opts = to_kfa(ro);
-  Tensor<T> o1("o1", 1, tq, hq, d), dq1("dq1", 1, tq, hq, d), dk1("dk1", 1, tk, hkv, d), dv1("dv1", 1, tk, hkv, d);
-  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse1("lse1", hq, tq);
-  kfa::attention_forward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), lse1, cu_q, cu_k, mq, mk, opts);
-  kfa::attention_backward_varlen(Exec(), p3(q), p3(k), p3(v), p3(o1), p3(d_o), lse1, p3(dq1), p3(dk1), p3(dv1), cu_q,
-                                 cu_k, mq, mk, opts);
-  Exec().fence();
-  std::vector<int> cq{0}, ck{0};
-  for (size_t s = 0; s < lq.size(); ++s) cq.push_back(cq.back() + lq[s]), ck.push_back(ck.back() + lk[s]);
-  const auto qs = kfa::dist::document_shard(layout, cq, p, r), ks = kfa::dist::document_shard(layout, ck, p, r);
-  const auto ql = shard(q, qs), dol = shard(d_o, qs), kl = shard(k, ks), vl = shard(v, ks);
-  const long nq = ql.extent(1), nk = kl.extent(1);
+  const PackedStream<T> x(layout, lq, lk, hq, hkv, d, opts, seed);
+  SCOPED_TRACE(x.describe(ro, seed, lq.size()) + ", layout " + kfa::dist::to_string(layout) + " P " +
+               std::to_string(p) + " U " + std::to_string(degree));
+  const long nq = x.ql.extent(1), nk = x.kl.extent(1);
   Tensor<T> o("o", 1, nq, hq, d), dq("dq", 1, nq, hq, d), dk("dk", 1, nk, hkv, d), dv("dv", 1, nk, hkv, d);
-  Kokkos::View<kfa::accumulator_t<T>**, Kokkos::LayoutRight, Mem> lse("lse", hq, nq);
+  typename PackedStream<T>::Lse2 lse("lse", hq, nq);
   poison(o), poison(lse), poison(dq), poison(dk), poison(dv);
   kfa::dist::Ulysses u(MPI_COMM_WORLD, degree, layout);
   kfa::dist::UlyssesStats fst;
-  kfa::dist::ulysses_attention_forward_varlen(Exec(), u, p3(ql), p3(kl), p3(vl), p3(o), lse, cu_q, cu_k, mq, mk, opts,
-                                              &fst);
-  kfa::dist::ulysses_attention_backward_varlen(Exec(), u, p3(ql), p3(kl), p3(vl), p3(o), p3(dol), lse, p3(dq), p3(dk),
-                                               p3(dv), cu_q, cu_k, mq, mk, opts);
-  Exec().fence();
+  auto backward = [&](const Tensor<T>& gq, const Tensor<T>& gk, const Tensor<T>& gv) {
+    kfa::dist::ulysses_attention_backward_varlen(Exec(), u, p3(x.ql), p3(x.kl), p3(x.vl), p3(o), p3(x.dol), lse, p3(gq),
+                                                 p3(gk), p3(gv), x.cu_q, x.cu_k, x.mq, x.mk, opts);
+    Exec().fence();
+  };
+  kfa::dist::ulysses_attention_forward_varlen(Exec(), u, p3(x.ql), p3(x.kl), p3(x.vl), p3(o), lse, x.cu_q, x.cu_k, x.mq,
+                                              x.mk, opts, &fst);
+  backward(dq, dk, dv);
   if (degree > 1) EXPECT_GT(fst.a2a_bytes, 0u);
-  const Shape sq{1, tq, tk, hq, hkv, d};
-  const double tol = tolerance<T>();
-  EXPECT_TRUE(close_frobenius(to_doubles4(o), take_rows4(to_doubles4(o1), sq, hq, tq, qs), tol)) << "o";
-  const auto l1 = doubles2(lse1);
-  std::vector<double> lwant;
-  for (int h = 0; h < hq; ++h)
-    for (const auto& sg : qs)
-      for (long i = sg.global_begin; i < sg.global_begin + sg.length; ++i) lwant.push_back(l1[size_t(h) * tq + i]);
-  EXPECT_TRUE(close_lse(doubles2(lse), lwant, tol)) << "lse";
-  EXPECT_TRUE(close_frobenius(to_doubles4(dq), take_rows4(to_doubles4(dq1), sq, hq, tq, qs), tol)) << "dq";
-  EXPECT_TRUE(close_frobenius(to_doubles4(dk), take_rows4(to_doubles4(dk1), sq, hkv, tk, ks), tol)) << "dk";
-  EXPECT_TRUE(close_frobenius(to_doubles4(dv), take_rows4(to_doubles4(dv1), sq, hkv, tk, ks), tol)) << "dv";
+  x.expect_shard(o, lse, dq, dk, dv, tolerance<T>());
+  // deterministic: a second backward is bitwise equal
   Tensor<T> dq2("dq2", 1, nq, hq, d), dk2("dk2", 1, nk, hkv, d), dv2("dv2", 1, nk, hkv, d);
   poison(dq2), poison(dk2), poison(dv2);
-  kfa::dist::ulysses_attention_backward_varlen(Exec(), u, p3(ql), p3(kl), p3(vl), p3(o), p3(dol), lse, p3(dq2), p3(dk2),
-                                               p3(dv2), cu_q, cu_k, mq, mk, opts);
-  Exec().fence();
+  backward(dq2, dk2, dv2);
   EXPECT_EQ(to_doubles4(dq), to_doubles4(dq2));
   EXPECT_EQ(to_doubles4(dk), to_doubles4(dk2));
   EXPECT_EQ(to_doubles4(dv), to_doubles4(dv2));
@@ -303,6 +277,24 @@ TEST(UlyssesErrors, RefusedOnEveryRank) {
     Lse<float> lse2("lse", 1, p, 8);
     expect_error([&] { kfa::dist::ulysses_attention_forward(Exec(), u, q2, k2, v2, o2, lse2); },
                  "head_dim (q.extent(3)) differs across ranks");
+    // packed documents: the last rank's cu_seqlens differ, or the documents' total is not the shards' tokens
+    Tensor<float> qp("qp", 1, 16, p, 16), op("op", 1, 16, p, 16);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> lp("lp", p, 16);
+    const long total = 16L * p;
+    const auto cu = cu_of(r == p - 1 ? std::vector<int>{int(total) - 5, 5} : std::vector<int>{5, int(total) - 5});
+    expect_error(
+        [&] {
+          kfa::dist::ulysses_attention_forward_varlen(Exec(), u, p3(qp), p3(qp), p3(qp), p3(op), lp, cu, cu, total,
+                                                      total);
+        },
+        "cu_seqlens_q and cu_seqlens_k differs across ranks");
+    const auto short_cu = cu_of({5, 7});
+    expect_error(
+        [&] {
+          kfa::dist::ulysses_attention_forward_varlen(Exec(), u, p3(qp), p3(qp), p3(qp), p3(op), lp, short_cu, short_cu,
+                                                      7, 7);
+        },
+        "cu_seqlens_q(2) = 12 but " + std::to_string(total) + " tokens are in the ranks' q shards");
   }
 }
 

@@ -48,6 +48,55 @@ RingDocuments agree_on_documents(const Ring& ring, const char* fn, ShardMap& map
   return docs;
 }
 
+/// The argument checks of a varlen forward, at compile time and on every rank of `ring` (a bad argument on any
+/// rank throws the same kfa::Error on all): the packed shapes, then the fixed-length checks on the batch-of-one
+/// views.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class LV, class CQ, class CK>
+void check_varlen_forward(const Ring& ring, const char* fn, const QV& q, const KV& k, const VV& v, const OV& o,
+                          const LV& lse, const AttentionOptions& opts) {
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  using kfa::detail::with_batch_of_one;
+  const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
+  const auto o4 = with_batch_of_one(o);
+  const auto lse3 = with_batch_of_one(lse);
+  kfa::detail::static_check_forward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4),
+                                    decltype(lse3)>();
+  collective_check(ring, fn, [&] {
+    kfa::detail::check_packed_qkv(fn, q, k, v);
+    kfa::detail::check_packed_like(fn, "o", o, "q", q);
+    kfa::detail::check_packed_lse(fn, lse, q);
+    kfa::detail::check_forward(fn, q4, k4, v4, o4, lse3, opts);
+  });
+}
+
+/// The same for a varlen backward.
+template <class ExecSpace, class QV, class KV, class VV, class OV, class DOV, class LV, class DQV, class DKV, class DVV,
+          class CQ, class CK>
+void check_varlen_backward(const Ring& ring, const char* fn, const QV& q, const KV& k, const VV& v, const OV& o,
+                           const DOV& d_o, const LV& lse, const DQV& dq, const DKV& dk, const DVV& dv,
+                           const AttentionOptions& opts) {
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
+  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  using kfa::detail::with_batch_of_one;
+  const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
+  const auto o4 = with_batch_of_one(o), do4 = with_batch_of_one(d_o);
+  const auto dq4 = with_batch_of_one(dq), dk4 = with_batch_of_one(dk), dv4 = with_batch_of_one(dv);
+  const auto lse3 = with_batch_of_one(lse);
+  kfa::detail::static_check_backward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4), decltype(do4),
+                                     decltype(lse3), decltype(dq4), decltype(dk4), decltype(dv4)>();
+  collective_check(ring, fn, [&] {
+    kfa::detail::check_packed_qkv(fn, q, k, v);
+    kfa::detail::check_packed_like(fn, "o", o, "q", q);
+    kfa::detail::check_packed_like(fn, "d_o", d_o, "q", q);
+    kfa::detail::check_packed_lse(fn, lse, q);
+    kfa::detail::check_packed_like(fn, "dq", dq, "q", q);
+    kfa::detail::check_packed_like(fn, "dk", dk, "k", k);
+    kfa::detail::check_packed_like(fn, "dv", dv, "k", k);
+    kfa::detail::check_backward(fn, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts);
+  });
+}
+
 }  // namespace detail
 
 /// Ring attention forward over packed variable-length sequences. Each rank passes its shard (document_shard in
@@ -62,20 +111,11 @@ void ring_attention_forward_varlen(const ExecSpace& space, const Ring& ring, con
                                    long max_seqlen_q, long max_seqlen_k, const AttentionOptions& opts = {},
                                    RingStats* stats = nullptr) {
   constexpr const char* fn = "kfa::dist::ring_attention_forward_varlen";
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  detail::check_varlen_forward<ExecSpace, QV, KV, VV, OV, LV, CQ, CK>(ring, fn, q, k, v, o, lse, opts);
   using kfa::detail::with_batch_of_one;
   const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
   const auto o4 = with_batch_of_one(o);
   const auto lse3 = with_batch_of_one(lse);
-  kfa::detail::static_check_forward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4),
-                                    decltype(lse3)>();
-  detail::collective_check(ring, fn, [&] {
-    kfa::detail::check_packed_qkv(fn, q, k, v);
-    kfa::detail::check_packed_like(fn, "o", o, "q", q);
-    kfa::detail::check_packed_lse(fn, lse, q);
-    kfa::detail::check_forward(fn, q4, k4, v4, o4, lse3, opts);
-  });
   ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(ring, fn, map, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
@@ -92,25 +132,13 @@ void ring_attention_backward_varlen(const ExecSpace& space, const Ring& ring, co
                                     const DVV& dv, const CQ& cu_seqlens_q, const CK& cu_seqlens_k, long max_seqlen_q,
                                     long max_seqlen_k, const AttentionOptions& opts = {}, RingStats* stats = nullptr) {
   constexpr const char* fn = "kfa::dist::ring_attention_backward_varlen";
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  detail::check_varlen_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV, CQ, CK>(ring, fn, q, k, v, o, d_o,
+                                                                                           lse, dq, dk, dv, opts);
   using kfa::detail::with_batch_of_one;
   const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
   const auto o4 = with_batch_of_one(o), do4 = with_batch_of_one(d_o);
   const auto dq4 = with_batch_of_one(dq), dk4 = with_batch_of_one(dk), dv4 = with_batch_of_one(dv);
   const auto lse3 = with_batch_of_one(lse);
-  kfa::detail::static_check_backward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4), decltype(do4),
-                                     decltype(lse3), decltype(dq4), decltype(dk4), decltype(dv4)>();
-  detail::collective_check(ring, fn, [&] {
-    kfa::detail::check_packed_qkv(fn, q, k, v);
-    kfa::detail::check_packed_like(fn, "o", o, "q", q);
-    kfa::detail::check_packed_like(fn, "d_o", d_o, "q", q);
-    kfa::detail::check_packed_lse(fn, lse, q);
-    kfa::detail::check_packed_like(fn, "dq", dq, "q", q);
-    kfa::detail::check_packed_like(fn, "dk", dk, "k", k);
-    kfa::detail::check_packed_like(fn, "dv", dv, "k", k);
-    kfa::detail::check_backward(fn, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts);
-  });
   ShardMap map = detail::agree_on_shapes(ring, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(ring, fn, map, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);

@@ -334,20 +334,11 @@ void ulysses_attention_forward_varlen(const ExecSpace& space, const Ulysses& u, 
                                       long max_seqlen_q, long max_seqlen_k, const AttentionOptions& opts = {},
                                       UlyssesStats* stats = nullptr) {
   constexpr const char* fn = "kfa::dist::ulysses_attention_forward_varlen";
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  detail::check_varlen_forward<ExecSpace, QV, KV, VV, OV, LV, CQ, CK>(u.all(), fn, q, k, v, o, lse, opts);
   using kfa::detail::with_batch_of_one;
   const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
   const auto o4 = with_batch_of_one(o);
   const auto lse3 = with_batch_of_one(lse);
-  kfa::detail::static_check_forward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4),
-                                    decltype(lse3)>();
-  detail::collective_check(u.all(), fn, [&] {
-    kfa::detail::check_packed_qkv(fn, q, k, v);
-    kfa::detail::check_packed_like(fn, "o", o, "q", q);
-    kfa::detail::check_packed_lse(fn, lse, q);
-    kfa::detail::check_forward(fn, q4, k4, v4, o4, lse3, opts);
-  });
   auto plan = detail::ulysses_plan(u, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(u.all(), fn, plan.first, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
@@ -365,25 +356,13 @@ void ulysses_attention_backward_varlen(const ExecSpace& space, const Ulysses& u,
                                        long max_seqlen_k, const AttentionOptions& opts = {},
                                        UlyssesStats* stats = nullptr) {
   constexpr const char* fn = "kfa::dist::ulysses_attention_backward_varlen";
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CQ>();
-  kfa::detail::static_check_cu_seqlens<ExecSpace, CK>();
+  detail::check_varlen_backward<ExecSpace, QV, KV, VV, OV, DOV, LV, DQV, DKV, DVV, CQ, CK>(u.all(), fn, q, k, v, o, d_o,
+                                                                                           lse, dq, dk, dv, opts);
   using kfa::detail::with_batch_of_one;
   const auto q4 = with_batch_of_one(q), k4 = with_batch_of_one(k), v4 = with_batch_of_one(v);
   const auto o4 = with_batch_of_one(o), do4 = with_batch_of_one(d_o);
   const auto dq4 = with_batch_of_one(dq), dk4 = with_batch_of_one(dk), dv4 = with_batch_of_one(dv);
   const auto lse3 = with_batch_of_one(lse);
-  kfa::detail::static_check_backward<ExecSpace, decltype(q4), decltype(k4), decltype(v4), decltype(o4), decltype(do4),
-                                     decltype(lse3), decltype(dq4), decltype(dk4), decltype(dv4)>();
-  detail::collective_check(u.all(), fn, [&] {
-    kfa::detail::check_packed_qkv(fn, q, k, v);
-    kfa::detail::check_packed_like(fn, "o", o, "q", q);
-    kfa::detail::check_packed_like(fn, "d_o", d_o, "q", q);
-    kfa::detail::check_packed_lse(fn, lse, q);
-    kfa::detail::check_packed_like(fn, "dq", dq, "q", q);
-    kfa::detail::check_packed_like(fn, "dk", dk, "k", k);
-    kfa::detail::check_packed_like(fn, "dv", dv, "k", k);
-    kfa::detail::check_backward(fn, q4, k4, v4, o4, do4, lse3, dq4, dk4, dv4, opts);
-  });
   auto plan = detail::ulysses_plan(u, fn, q4, k4, opts, true);
   const detail::RingDocuments docs =
       detail::agree_on_documents(u.all(), fn, plan.first, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
