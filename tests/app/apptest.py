@@ -3,11 +3,14 @@ first on sys.path, so `import apptest` works from any working directory, as CTes
 
   mpi_env(extra)      the environment for an mpirun: os.environ, MPI_ENV's defaults, `extra`
   kill_session(sid)   SIGKILL to mpirun and every rank of a Popen(start_new_session=True)
+  run_app(...)        the app under mpirun on P ranks: (exit status, output); a hang is killed and returns 124
+  check(cond, what)   prints ok/FAIL and records the failure; finish() prints them and gives the exit status
   reference(...)      float64 attention forward and gradients from the definition (numpy)
   generated(...)      the app's generated tensors (the counter hash of apps/README.md), in numpy
 """
 import os
 import signal
+import subprocess
 import time
 
 # Open MPI's mpirun, once a rank has exited non-zero, waits odls_base_sigkill_timeout (1 s) between the SIGTERM and
@@ -48,6 +51,40 @@ def kill_session(sid):
         if not left:
             return
         time.sleep(0.05)
+
+
+def run_app(mpi, app, np_, *args, timeout=300, cwd=None, env=None, launcher=()):
+    """Runs `app` with `args` under `mpi` (the launcher and its flags) on np_ ranks; returns (exit status, stdout +
+    stderr). A run past `timeout` s is killed (mpirun and every rank) and returns 124, so a hang fails the test
+    instead of blocking it. `env`: variables added to the environment (mpi_env); `launcher`: more mpirun options."""
+    cmd = mpi[:1] + ["-n", str(np_)] + mpi[1:] + list(launcher) + [app] + [str(a) for a in args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                         start_new_session=True, env=mpi_env(env))
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        kill_session(p.pid)
+        out, _ = p.communicate()
+        return 124, (out or "") + f"\n[killed after {timeout} s: hang]"
+
+
+FAILURES = []
+
+
+def check(cond, what):
+    """Prints the check's outcome; a failure is kept for finish()."""
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def finish():
+    """Prints the failures (if any) and returns the test's exit status."""
+    print(f"{len(FAILURES)} failure(s)")
+    if FAILURES:
+        print("failed:\n  " + "\n  ".join(FAILURES))
+    return 1 if FAILURES else 0
 
 
 def reference(q, k, v, do, causal, window=(-1, -1), scale=None, softcap=0.0):

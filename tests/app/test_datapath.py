@@ -10,7 +10,6 @@ within 1.5x of them where no ring buffers are needed (one rank).
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -21,24 +20,12 @@ import apptest
 
 APP = sys.argv[1]
 MPI = sys.argv[2:]
-FAILURES = []
+check = apptest.check
 
 
-def run(np_, *args, timeout=300, env=None):
-    """Runs the app on np_ ranks; returns (exit status, stdout + stderr); 124 after `timeout` s."""
-    cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                           env=apptest.mpi_env(env))
-        return p.returncode, p.stdout
-    except subprocess.TimeoutExpired as e:
-        return 124, (e.stdout or "") + f"\n[killed after {timeout} s]"
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+def run(np_, *args, **kw):
+    """Runs the app on np_ ranks (apptest.run_app: a hang is killed and returns 124)."""
+    return apptest.run_app(MPI, APP, np_, *args, **kw)
 
 
 generated = apptest.generated
@@ -269,10 +256,7 @@ def main():
         host_memory(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{len(FAILURES)} failure(s)")
-    if FAILURES:
-        print("failed:\n  " + "\n  ".join(FAILURES))
-    return 1 if FAILURES else 0
+    return apptest.finish()
 
 
 if __name__ == "__main__":

@@ -2,15 +2,15 @@
 """kfa-longseq with documents packed into the sequence (variable-length batches): --doc-lengths and
 --doc-lognormal with --generate, a 'cu_seqlens' dataset (int32 or int64, written here by h5py) with --input. The
 results equal float64 numpy applied to each document alone (no token sees another document's), for several
-rank counts, layouts and strategies (ring, Ulysses, hybrid); a file with the same tensors and cu_seqlens gives bitwise the same results; --check
-checks rows of several documents; bad documents are refused with a message and exit 2.
+rank counts, layouts and strategies (ring, Ulysses, hybrid); a file with the same tensors and cu_seqlens gives
+bitwise the same results; --check checks rows of several documents; bad documents are refused with a message and
+exit 2.
 
   test_documents.py APP MPIEXEC [MPIEXEC flags...]
 """
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -21,23 +21,12 @@ import apptest
 
 APP = sys.argv[1]
 MPI = sys.argv[2:]
-FAILURES = []
+check = apptest.check
 
 
-def run(np_, *args, timeout=300):
-    cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                           env=apptest.mpi_env())
-        return p.returncode, p.stdout
-    except subprocess.TimeoutExpired as e:
-        return 124, (e.stdout or "") + f"\n[killed after {timeout} s]"
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+def run(np_, *args, **kw):
+    """Runs the app on np_ ranks (apptest.run_app: a hang is killed and returns 124)."""
+    return apptest.run_app(MPI, APP, np_, *args, **kw)
 
 
 def read(path):
@@ -170,10 +159,7 @@ def main():
         refusals(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{len(FAILURES)} failure(s)")
-    if FAILURES:
-        print("failed:\n  " + "\n  ".join(FAILURES))
-    return 1 if FAILURES else 0
+    return apptest.finish()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import json
 import os
 import pty
 import select
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,27 +18,17 @@ import time
 import h5py
 import numpy as np
 
+import apptest
 from apptest import kill_session, mpi_env, reference
 
 APP = sys.argv[1]
 MPI = sys.argv[2:]
-FAILURES = []
+check = apptest.check
 
 
-def run(np_, *args, timeout=300, cwd=None, env=None, launcher=()):
-    """Runs the app on np_ ranks; a run past `timeout` s is killed (mpirun and every rank) and returns 124,
-    so a hang fails the test instead of blocking it. `env`: variables added to the environment (apptest.mpi_env);
-    `launcher`: more mpirun options."""
-    cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + list(launcher) + [APP] + [str(a) for a in args]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                         start_new_session=True, env=mpi_env(env))
-    try:
-        out, _ = p.communicate(timeout=timeout)
-        return p.returncode, out
-    except subprocess.TimeoutExpired:
-        kill_session(p.pid)
-        out, _ = p.communicate()
-        return 124, (out or "") + f"\n[killed after {timeout} s: hang]"
+def run(np_, *args, **kw):
+    """Runs the app on np_ ranks (apptest.run_app: a hang is killed and returns 124)."""
+    return apptest.run_app(MPI, APP, np_, *args, **kw)
 
 
 def sha256(path):
@@ -49,12 +38,6 @@ def sha256(path):
 
 def temporaries(directory):
     return [x for x in os.listdir(directory) if ".tmp-" in x]
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
 
 
 def rel(a, b):
@@ -1065,10 +1048,7 @@ def main():
     p.stderr.close()
     check(b"computing" in err and not os.path.exists(killed), "killed run (while computing) leaves no output file")
 
-    print(f"{len(FAILURES)} failure(s)")
-    if FAILURES:
-        print("failed:\n  " + "\n  ".join(FAILURES))
-    return 1 if FAILURES else 0
+    return apptest.finish()
 
 
 if __name__ == "__main__":

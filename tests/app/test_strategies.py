@@ -20,23 +20,12 @@ import apptest
 APP = sys.argv[1]
 MODEL = sys.argv[2]
 MPI = sys.argv[3:]
-FAILURES = []
+check = apptest.check
 
 
-def run(np_, *args, timeout=300):
-    cmd = MPI[:1] + ["-n", str(np_)] + MPI[1:] + [APP] + [str(a) for a in args]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                           env=apptest.mpi_env())
-        return p.returncode, p.stdout
-    except subprocess.TimeoutExpired as e:
-        return 124, (e.stdout or "") + f"\n[killed after {timeout} s]"
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+def run(np_, *args, **kw):
+    """Runs the app on np_ ranks (apptest.run_app: a hang is killed and returns 124)."""
+    return apptest.run_app(MPI, APP, np_, *args, **kw)
 
 
 def end_to_end(tmp):
@@ -120,11 +109,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         end_to_end(tmp)
     refusals()
-    if FAILURES:
-        print(f"{len(FAILURES)} failure(s):\n  " + "\n  ".join(FAILURES))
-        return 1
-    print("all passed")
-    return 0
+    return apptest.finish()
 
 
 if __name__ == "__main__":
