@@ -134,7 +134,8 @@ struct DkDvKernel {
     Acc* const lrow = buf1.data() + lay.lse;
     Acc* const drow = buf1.data() + lay.dd;
     Acc* const kr = buf1.data() + lay.ra;  // FuseDq: [bk][d] K
-    const Acc* krp = kr;                   // FuseDq: K rows for dQ += dS·K, in place when the tile is whole
+    constexpr bool host = MicroTileShape<ExecSpace>::host;
+    const Acc* krp = kr;  // FuseDq: K rows for dQ += dS·K, in place when the tile is whole
     int ldkr = d;
     if constexpr (direct_types)
       if (direct_rows && cols == bk) {
@@ -159,10 +160,18 @@ struct DkDvKernel {
       const KeyRule mask = this->mask.rule(doc);
       const long i_begin = mask.query_begin(j0);
       const long i_end = mask.query_end(j0 + cols, seq_q);
+      // On host the pass computes only the key columns [c0, c1) that hold this document's keys, widened to steps of
+      // 16 so that the products' vectors stay whole (the other keys' dK, dV are left alone; their dS would be zero),
+      // and of a tile's query rows those that exist, to a multiple of 8. Devices compute whole tiles as before.
+      const int c0 = host ? (mask.key_lo > j0 ? static_cast<int>(mask.key_lo - j0) : 0) / 16 * 16 : 0;
+      const int in_hi = mask.seq_k < j0 + cols ? static_cast<int>(mask.seq_k - j0) : cols;
+      const int c1 = host && (in_hi + 15) / 16 * 16 < bk ? (in_hi + 15) / 16 * 16 : bk;
+      const int nc = c1 - c0;
       for (int g = 0; g < group; ++g) {
         const int h = hk * group + g;
         for (long i0 = i_begin; i0 < i_end; i0 += bq) {
           const int rows = (i_end - i0) < bq ? static_cast<int>(i_end - i0) : bq;
+          const int rows8 = host && (rows + 7) / 8 * 8 < bq ? (rows + 7) / 8 * 8 : bq;  // rows computed (≥ rows)
           const Acc* qp = qs;  // Q and dO rows, in place when the tile is whole
           const Acc* dop = dos;
           int ldq = d, lddo = d;
@@ -193,21 +202,23 @@ struct DkDvKernel {
             drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, bq, bk, d, qp, ldq, 1, kt, bk, s, bk, false);     // S = Q·(scale·K)ᵀ
-          team_gemm<ExecSpace>(team, bq, bk, d, dop, lddo, 1, vt, bk, dp, bk, false);  // dP = dO·Vᵀ
+          // rows [0, rows8) and key columns [c0, c1) of S = Q·(scale·K)ᵀ and dP = dO·Vᵀ
+          team_gemm<ExecSpace>(team, rows8, nc, d, qp, ldq, 1, kt + c0, bk, s + c0, bk, false);
+          team_gemm<ExecSpace>(team, rows8, nc, d, dop, lddo, 1, vt + c0, bk, dp + c0, bk, false);
           team.team_barrier();
           const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, bq), [&](const int r) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows8), [&](const int r) {
             with_host_isa([&](auto isa) KFA_SIMD_BODY {
-              score_to_ds(isa, mask, s + r * bk, dp + r * bk, lrow[r], drow[r], i0 + r, j0, cols, need_mask);
+              score_to_ds(isa, mask, s + r * bk + c0, dp + r * bk + c0, lrow[r], drow[r], i0 + r, j0 + c0, cols - c0,
+                          nc, need_mask);
             });
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, bk, d, bq, s, 1, bk, dop, lddo, dva, d, true);  // dV += Pᵀ·dO
-          team_gemm<ExecSpace>(team, bk, d, bq, dp, 1, bk, qp, ldq, dka, d, true);   // dK += dSᵀ·Q, scaled on write
+          team_gemm<ExecSpace>(team, nc, d, rows8, s + c0, 1, bk, dop, lddo, dva + c0 * d, d, true);  // dV += Pᵀ·dO
+          team_gemm<ExecSpace>(team, nc, d, rows8, dp + c0, 1, bk, qp, ldq, dka + c0 * d, d, true);   // dK += dSᵀ·Q
           if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-            team_gemm<ExecSpace>(team, bq, d, bk, dp, bk, 1, krp, ldkr, dq_row(chunk, b, i0, h), heads_kv * group * d,
-                                 true);
+            team_gemm<ExecSpace>(team, rows8, d, nc, dp + c0, bk, 1, krp + c0 * ldkr, ldkr, dq_row(chunk, b, i0, h),
+                                 heads_kv * group * d, true);
         }
       }
     }
@@ -221,10 +232,11 @@ struct DkDvKernel {
     });
   }
 
-  /// One query row of a tile: S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
+  /// One query row of a tile, its n columns from key j0 (n a multiple of 8; columns from `cols` are past the keys):
+  /// S → P = exp(softcap(S) − LSE) (0 where masked) and dP → dS.
   template <class Tag>
   KOKKOS_FORCEINLINE_FUNCTION void score_to_ds(Tag isa, const KeyRule& mask, Acc* srow, Acc* dprow, Acc l, Acc dval,
-                                               long i, long j0, int cols, bool need_mask) const {
+                                               long i, long j0, int cols, int n, bool need_mask) const {
     long first = 0, last = cols - 1;  // the row's visible keys, as tile columns
     if (need_mask) {
       mask.visible_range(i, first, last);
@@ -233,7 +245,7 @@ struct DkDvKernel {
     }
     if (softcap > Acc(0)) {
       const Acc inv = Acc(1) / softcap;
-      for (int j = 0; j < bk; ++j) {
+      for (int j = 0; j < n; ++j) {
         const Acc t = compat::tanh(srow[j] * inv);
         const bool vis = j >= first && j <= last;
         const Acc p = vis ? fast_exp(softcap * t - l) : Acc(0);
@@ -243,7 +255,7 @@ struct DkDvKernel {
       return;
     }
     if (need_mask) {
-      for (int j = 0; j < bk; ++j) {
+      for (int j = 0; j < n; ++j) {
         const bool vis = j >= first && j <= last;
         srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
       }
@@ -253,14 +265,14 @@ struct DkDvKernel {
     constexpr int L = MicroTileShape<ExecSpace>::lanes, Lt = MicroTileShape<ExecSpace>::tail_lanes;
     Acc lv[L], dv[L];
     for (int x = 0; x < L; ++x) lv[x] = l, dv[x] = dval;
-    const int groups = bk / L;
+    const int groups = n / L;
     lanes_p_ds<L>(isa, srow, dprow, L, groups, lv, dv);
     int j = groups * L;
-    if (bk - j >= Lt) {
+    if (n - j >= Lt) {
       lanes_p_ds<Lt>(isa, srow + j, dprow + j, Lt, 1, lv, dv);
       j += Lt;
     }
-    for (; j < bk; ++j) {
+    for (; j < n; ++j) {
       const Acc p = fast_exp(srow[j] - l);
       srow[j] = p;
       dprow[j] = p * (dprow[j] - dval);

@@ -77,6 +77,7 @@ struct ForwardKernel {
     const int i0 = qb * bq;
     const int rows = (seq_q - i0) < bq ? (seq_q - i0) : bq;
     const int ld = lay.ld;  // row length of the Qᵀ and Sᵀ tiles
+    constexpr bool host = MicroTileShape<ExecSpace>::host;
 
     ScratchBuf buf0(team.team_scratch(int(stream_level)), lay.l0_total);
     ScratchBuf buf1(team.team_scratch(1), lay.l1_total);
@@ -102,8 +103,16 @@ struct ForwardKernel {
       const KeyRule mask = this->mask.rule(doc);
       const long j_begin = mask.key_begin(i0);
       const long j_end = mask.key_end(i0 + rows);
+      // On host the pass computes only the tile rows [r0, r1) that hold this document's rows (or the block's rows
+      // that exist), widened to steps of 16 so that the products' columns stay whole vectors; the other rows' state
+      // is left alone. Devices compute the whole tile as before (not measured there).
+      const long in_lo = mask.q_lo > i0 ? mask.q_lo - i0 : 0;
+      const long in_hi = mask.q_hi >= 0 && mask.q_hi < i0 + rows ? mask.q_hi - i0 : rows;
+      const int r0 = host ? static_cast<int>(in_lo) / 16 * 16 : 0;
+      const int r1 = host && (in_hi + 15) / 16 * 16 < bq ? static_cast<int>((in_hi + 15) / 16 * 16) : bq;
       for (long j0 = j_begin; j0 < j_end; j0 += bk) {
         const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
+        const int cols8 = host && (cols + 7) / 8 * 8 < bk ? (cols + 7) / 8 * 8 : bk;  // score rows computed (≥ cols)
         // On host a tile of Acc rows with a contiguous head dim whose bk rows all exist is read where it lies (rows
         // past `cols` are another document's or a window's keys: their scores are masked to −inf, and P·V stops at
         // `cols`); other tiles are copied into kt/vt, converted and padded with zero rows.
@@ -136,14 +145,15 @@ struct ForwardKernel {
           }
         });
         team.team_barrier();
-        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]
-        team_gemm<ExecSpace>(team, bk, bq, d, kp, ldk, 1, qt, ld, st, ld, false);
+        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq], rows [0, cols8) and columns [r0, r1); rows from cols8 are masked below
+        team_gemm<ExecSpace>(team, cols8, r1 - r0, d, kp, ldk, 1, qt + r0, ld, st + r0, ld, false);
         team.team_barrier();
 
         const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lane_steps<ExecSpace>(bq)), [&](const int step) {
+        const int step0 = r0 / MicroTileShape<ExecSpace>::lanes;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, step0, lane_steps<ExecSpace>(r1)), [&](const int step) {
           with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (common/host_simd.hpp)
-            lane_step<ExecSpace>(step, bq, [&](auto width, const int ib) KFA_SIMD_BODY {
+            lane_step<ExecSpace>(step, r1, [&](auto width, const int ib) KFA_SIMD_BODY {
               constexpr int W = decltype(width)::value;  // query rows ib .. ib + W
               if (softcap > Acc(0)) {
                 const Acc inv = Acc(1) / softcap;
@@ -186,8 +196,8 @@ struct ForwardKernel {
           });
         });
         team.team_barrier();
-        // O[bq][d] += P[bq][bk] · V[bk][d], P read through the transposed Sᵀ
-        team_gemm<ExecSpace>(team, bq, d, cols, st, 1, ld, vp, ldv, ot, d, true);
+        // O[bq][d] += P[bq][bk] · V[bk][d] for rows [r0, r1), P read through the transposed Sᵀ
+        team_gemm<ExecSpace>(team, r1 - r0, d, cols, st + r0, 1, ld, vp, ldv, ot + r0 * d, d, true);
       }
     }
     team.team_barrier();
