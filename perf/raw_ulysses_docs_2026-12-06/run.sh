@@ -12,7 +12,8 @@ for round in 1 2 3; do
       for sp in ring ulysses auto; do
         mpirun --allow-run-as-root --bind-to core -n 2 $APP --generate --seqlen $1 --heads $2 \
           --kv-heads $3 --head-dim $4 --dtype float32 --layout $lay --causal --backward \
-          --doc-lognormal 1024 1 128 16384 7 --sp $sp --json /tmp/ud.json > /dev/null 2>&1 || echo "FAILED $cfg $lay $sp"
+          --doc-lognormal 1024 1 128 16384 7 --sp $sp --json /tmp/ud.json > /dev/null 2>&1 ||
+          echo "FAILED $cfg $lay $sp"
         python3 - "$round" "$cfg" "$lay" "$sp" >> "$OUT" <<'P'
 import json, sys
 j = json.load(open('/tmp/ud.json'))

@@ -145,7 +145,7 @@ struct ForwardKernel {
           }
         });
         team.team_barrier();
-        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq], rows [0, cols8) and columns [r0, r1); rows from cols8 are masked below
+        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]: rows [0, cols8), columns [r0, r1); rows from cols8 masked below
         team_gemm<ExecSpace>(team, cols8, r1 - r0, d, kp, ldk, 1, qt + r0, ld, st + r0, ld, false);
         team.team_barrier();
 
