@@ -261,8 +261,8 @@ TYPED_TEST(Paths, TensorCoreStridedLayouts) {
   }
 }
 
-// Head dim 256: the wgmma forward runs it on Hopper (sm_90a), the FA2-layout kernels elsewhere and the backward
-// everywhere (dK/dV with 64 keys per block, dQ with one m16 tile per warp). Where the device does not give them
+// Head dim 256: the wgmma forward and backward run it on Hopper (sm_90a), the FA2-layout kernels elsewhere (dK/dV
+// with 64 keys per block, dQ with one m16 tile per warp) and by name. Where the device does not give them
 // their shared memory (the backward: not sm_80's 163 KB; neither: not sm_86/89's 99 KB), automatic runs the
 // portable kernels and naming tensor_core there is an error saying why.
 TYPED_TEST(Paths, TensorCoreHeadDim256) {
@@ -341,17 +341,23 @@ TYPED_TEST(Paths, TensorCoreHeadDim256) {
     EXPECT_EQ(b.family, bwd_why.empty() ? P::tensor_core : P::portable) << b.region;
     EXPECT_EQ(nb.family, atomic_why.empty() ? P::tensor_core : P::portable) << nb.region;
     if (b.family == P::tensor_core) {
+      // the wgmma kernels exactly where they say they can run (dK/dV: two warpgroups on 64 keys; dQ: the
+      // warp-specialized kernel, 32-key tiles), else the FA2-layout ones
+      EXPECT_EQ(b.wgmma, kfa::detail::wgmma_backward_why_not(Exec(), 256, false, opts).empty()) << b.region;
       EXPECT_FALSE(b.atomic_dq) << b.region;
       EXPECT_EQ(b.tiles.dkdv.block_k, 64) << b.region;
       EXPECT_EQ(b.tiles.dkdv.team_size, 256) << b.region;
       EXPECT_EQ(b.tiles.dq.block_q, 128) << b.region;
-      EXPECT_EQ(b.tiles.dq.team_size, 256) << b.region;
+      EXPECT_EQ(b.tiles.dq.team_size, b.wgmma ? 384 : 256) << b.region;
+      if (b.wgmma) EXPECT_EQ(b.tiles.dq.block_k, 32) << b.region;
     } else {
       opts.path = P::tensor_core;
       const std::string e = error_of<T>(s, opts, true);
       EXPECT_NE(e.find("opts.path = tensor_core but the device allows"), std::string::npos) << e;
     }
-    if (nb.family == P::tensor_core) EXPECT_TRUE(nb.atomic_dq) << nb.region;
+    // deterministic = false: the wgmma pair where it runs (it has no atomic dQ at d = 256), else the FA2-layout
+    // dK/dV kernel with atomic dQ
+    if (nb.family == P::tensor_core) EXPECT_EQ(nb.atomic_dq, !nb.wgmma) << nb.region;
   }
 }
 

@@ -61,11 +61,11 @@ std::string tc_backward_problem(const ExecSpace& space, int d, bool fused) {
 /// Whether deterministic = false fuses dQ into the dK/dV kernel at head dim d on `space`. Where the wgmma
 /// backward runs: at d = 64 (its dK/dV kernel with dQ reduced in fp32, three warpgroups as the deterministic
 /// one's: forward+backward 1.02-1.09x the two deterministic kernels, H100, bf16, N 8192/16384, causal or not, kfa
-/// vs kfa in one run), not at d = 96 and 128 (at 128 0.98-1.05x: the fp32 reductions' traffic, not the product,
-/// is the cost). Elsewhere: not at d = 64 where the
-/// FA2-layout dQ kernel runs, because there the two-kernel backward was measured faster (H200, bf16, forward+backward
-/// 0.82-0.86x torch's flash against 0.75-0.81x with atomic dQ). `wgmma_allowed`: opts.path lets the backward
-/// take the wgmma kernels.
+/// vs kfa in one run), not at d = 96, 128 and 256 (at 128 0.98-1.05x: the fp32 reductions' traffic, not the
+/// product, is the cost; at 256 the FA2-layout kernel with atomic dQ ran its backward at 0.52-0.58x the wgmma
+/// pair's speed, H100, bf16/fp16, N 4096/16384). Elsewhere: not at d = 64 where the FA2-layout dQ kernel runs,
+/// because there the two-kernel backward was measured faster (H200, bf16, forward+backward 0.82-0.86x torch's
+/// flash against 0.75-0.81x with atomic dQ). `wgmma_allowed`: opts.path lets the backward take the wgmma kernels.
 template <class ExecSpace>
 bool tc_atomic_dq_pays(const ExecSpace& space, int d, bool wgmma_allowed) {
   if (wgmma_allowed && wgmma_backward_problem(space, d, false).empty())

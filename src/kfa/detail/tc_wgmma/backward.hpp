@@ -7,9 +7,10 @@
 /// (tc_wgmma/forward.hpp).
 ///
 /// dK/dV, per block: two warpgroups (8 warps; d = 64: three, 12 warps), BK = 128 owned keys (d = 64: 192), 64
-/// per warpgroup and 16 per warp; K and V stay in shared memory; query tiles of BQ = 64 rows of every query head of the
-/// group stream through 3 stages (Q and dO by TMA, cuda/tma.hpp, or cp.async; the rows' lse and D). A step, per
-/// warpgroup:
+/// per warpgroup and 16 per warp (d = 256: 64 keys, both warpgroups on the same keys, each with half of dK's and
+/// dV's columns); K and V stay in shared memory; query tiles of BQ = 64 rows of every query head of the group
+/// stream through 3 stages (d = 256: 2; Q and dO by TMA, cuda/tma.hpp, or cp.async; the rows' lse and D). A step,
+/// per warpgroup:
 ///   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ   m64n64k16, both operands from shared memory (K-major, as S = Q·Kᵀ in the
 ///                               forward), issued together and waited for once;
 ///   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − D) (∘ softcap'), in registers, then
@@ -74,20 +75,25 @@ __device__ __forceinline__ void pingpong_after_second(int wg) {
 
 /// Tiles of the wgmma dK/dV kernel: `consumers` warpgroups of 64 owned keys each, three at d = 64 (room for
 /// their accumulators at 168 registers, no spill; forward+backward 1.04–1.09× two warpgroups, H100, bf16, N
-/// 4096–16384; the fused kernel's dQ columns go to two of the three), two otherwise. Shared memory:
-/// K and V [BK][D], `stages` stages of Q and dO [BQ][D] (16-bit, unpadded) and of the rows' lse and D (fp32),
-/// a "full" mbarrier per stage (TMA), and 1 KB to align the tiles to the swizzle's period (d = 64 98.5 KB,
-/// d = 128 162.5 KB; each stage 16.5 or 32.5 KB of that; d = 96 takes d = 128's, its rows in two panels:
-/// wgmma_row_elems). Three stages (2 to 4 work): the loads of step t + stages − 1 are issued at step t. Fused
-/// (dQ accumulated in the kernel, d = 64 only): dS [BQ][BK] of two steps as the A operand of dQ += dS·K and a
-/// step's dQ [BQ][D] in fp32 (162.5 KB in all).
+/// 4096–16384; the fused kernel's dQ columns go to two of the three), two otherwise. At d = 256 dK and dV of
+/// 64 keys would take 256 registers a thread, so the two warpgroups own the same 64 keys and each keeps dK and
+/// dV for one half of the head dim (`col_parts`; the dn = 128 columns from dn·part): both compute the keys' Sᵀ
+/// and dPᵀ (6 tile products of work per step where 4 are needed). Shared memory: K and V [BK][D], `stages`
+/// stages of Q and dO [BQ][D] (16-bit, unpadded) and of the rows' lse and D (fp32), a "full" mbarrier per
+/// stage (TMA), and 1 KB to align the tiles to the swizzle's period (d = 64 98.5 KB, d = 128 162.5 KB, d = 256
+/// 194 KB; each stage 16.5, 32.5 or 64.5 KB of that; d = 96 takes d = 128's, its rows in two panels:
+/// wgmma_row_elems). Three stages (2 to 4 work; two at d = 256, where three do not fit): the loads of step
+/// t + stages − 1 are issued at step t. Fused (dQ accumulated in the kernel, d = 64 only): dS [BQ][BK] of two
+/// steps as the A operand of dQ += dS·K and a step's dQ [BQ][D] in fp32 (162.5 KB in all).
 template <int D, bool Fused = false>
 struct WgmmaBackwardShape {
-  static constexpr int consumers = D == 64 ? 3 : 2;  // warpgroups, 64 owned keys each
+  static constexpr int consumers = D == 64 ? 3 : 2;   // warpgroups
+  static constexpr int col_parts = D == 256 ? 2 : 1;  // warpgroups sharing 64 keys, each dn columns of dK and dV
+  static constexpr int dn = D / col_parts;
   static constexpr int warps = 4 * consumers;
-  static constexpr int block_k = 64 * consumers;  // owned keys
-  static constexpr int block_q = 64;              // streamed query rows per step: wgmma's n of Sᵀ and dPᵀ
-  static constexpr int stages = 3;
+  static constexpr int block_k = 64 * consumers / col_parts;  // owned keys
+  static constexpr int block_q = 64;                          // streamed query rows per step: wgmma's n of Sᵀ, dPᵀ
+  static constexpr int stages = D == 256 ? 2 : 3;
   static constexpr int row_elems = wgmma_row_elems(D);
   static constexpr std::size_t tile_q = static_cast<std::size_t>(block_q) * row_elems * 2;  // one Q or dO tile
   static constexpr std::size_t tile_ds = static_cast<std::size_t>(block_q) * block_k * 2;   // one dS (Fused)
@@ -95,8 +101,9 @@ struct WgmmaBackwardShape {
   static constexpr std::size_t dq_bytes = Fused ? static_cast<std::size_t>(block_q) * D * 4 : 0u;
   static constexpr std::size_t smem = 2u * block_k * row_elems * 2 + stages * 2u * tile_q + ds_bytes + dq_bytes +
                                       stages * 2u * block_q * 4 + 8u * stages + 1024;
-  static_assert(wgmma_backward_head_dim(D) && (!Fused || D == 64), "wgmma's n of dV and dK is D; fused: d = 64");
+  static_assert(wgmma_backward_head_dim(D) && (!Fused || D == 64), "wgmma's n of dV and dK is dn; fused: d = 64");
   static_assert(stages >= 2 && stages <= 4, "2 to 4 stages");
+  static_assert(consumers % col_parts == 0 && dn <= 128, "whole key groups; dV and dK products of n <= 128");
 };
 
 /// Where the fused wgmma dK/dV kernel accumulates dQ[b][i][h][c] (fp32, unscaled): [batch][heads_q][2][seq_q][D/2]
@@ -137,7 +144,7 @@ struct TcWgmmaDkDvKernel {
   using T = typename QV::non_const_value_type;
   using Shape = WgmmaBackwardShape<D, Fused>;
   static constexpr int WARPS = Shape::warps, BK = Shape::block_k, BQ = Shape::block_q, NTH = 32 * WARPS;
-  static constexpr int ST = Shape::stages;
+  static constexpr int ST = Shape::stages, DN = Shape::dn;
   static constexpr int MIN_BLOCKS = 1;
 
   QV q;
@@ -255,6 +262,8 @@ struct TcWgmmaDkDvKernel {
 #if KFA_WGMMA_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
+    // The warpgroup's 64 keys (key group kg) and its columns of dK and dV (part: columns DN·part ..)
+    const int kg = wg / Shape::col_parts, part = wg % Shape::col_parts;
     const int kb = lr % n_kblocks;
     const int hk = (lr / n_kblocks) % heads_kv;
     const int b = lr / (n_kblocks * heads_kv);
@@ -316,9 +325,9 @@ struct TcWgmmaDkDvKernel {
       d = in ? static_cast<float>(dd(b, hq, i)) : 0.f;
     };
     constexpr std::uint32_t kv_bytes = 2u * kv_tile;
-    float dka[D / 8][4], dva[D / 8][4];
+    float dka[DN / 8][4], dva[DN / 8][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
+    for (int n = 0; n < DN / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
     float s[BQ / 8][4], dp[BQ / 8][4];
@@ -327,9 +336,11 @@ struct TcWgmmaDkDvKernel {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
 
-    // This warp's key rows kr0 and kr0 + 8 (tile-local); the warpgroup's K and V rows in each panel.
-    const int kr0 = wg * 64 + (warp & 3) * 16 + g;
-    const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(wg * 64 * 128), v_wg = k_wg + kv_tile;
+    // This warp's key rows kr0 and kr0 + 8 (tile-local); the warpgroup's K and V rows in each panel; its
+    // columns of the dO and Q tiles (B of dV and dK: whole 64-element panels).
+    const int kr0 = kg * 64 + (warp & 3) * 16 + g;
+    const std::uint32_t k_wg = ks + static_cast<std::uint32_t>(kg * 64 * 128), v_wg = k_wg + kv_tile;
+    const std::uint32_t cols_b = static_cast<std::uint32_t>(part * (DN / 64) * BQ * 128);
 
     // One pass per document the block's keys meet (one without documents), dK and dV carried across. Step s of a
     // pass is step done + s of the block (done: the earlier passes' steps), in stage (done + s) mod ST, its
@@ -479,16 +490,16 @@ struct TcWgmmaDkDvKernel {
         if constexpr (Fused)
           store_ds(ds_s + static_cast<std::uint32_t>(((done + step) & 1) * Shape::tile_ds), da, wg, warp, lane);
 
-        // dV += Pᵀ·dO and dK += dSᵀ·Q: B = dO or Q read transposed (queries are the instruction's K
-        // dimension): 16 query rows per step, 64-element panels BQ rows apart.
+        // dV += Pᵀ·dO and dK += dSᵀ·Q (this warpgroup's DN columns): B = dO or Q read transposed (queries are
+        // the instruction's K dimension): 16 query rows per step, 64-element panels BQ rows apart.
         tc::pingpong_before_second<Shape::consumers>(wg);
         tc::wgmma_fence();  // pa and da were written by ordinary instructions
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
-          tc::wgmma_rs<D, T>(dva, pa[kk], tc::wgmma_desc(dos + kk * 16 * 128, BQ * 128, 1024));
+          tc::wgmma_rs<DN, T>(dva, pa[kk], tc::wgmma_desc(dos + cols_b + kk * 16 * 128, BQ * 128, 1024));
 #pragma unroll
         for (int kk = 0; kk < BQ / 16; ++kk)
-          tc::wgmma_rs<D, T>(dka, da[kk], tc::wgmma_desc(qs + kk * 16 * 128, BQ * 128, 1024));
+          tc::wgmma_rs<DN, T>(dka, da[kk], tc::wgmma_desc(qs + cols_b + kk * 16 * 128, BQ * 128, 1024));
         tc::wgmma_commit();
         tc::pingpong_after_second<Shape::consumers>(wg);
         tc::wgmma_wait_all();
@@ -530,11 +541,11 @@ struct TcWgmmaDkDvKernel {
       if ((warp & 3) == 0 && lane == 0) tc::bulk_wait<false>();  // the reductions are done before the block ends
     }
 
-    const int r0 = k0 + kr0, r1 = r0 + 8;
-    tc::store_c_rows<D, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, 0) : nullptr,
-                           r1 < seq_k ? &dk(b, r1, hk, 0) : nullptr, t4);
-    tc::store_c_rows<D, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, 0) : nullptr,
-                           r1 < seq_k ? &dv(b, r1, hk, 0) : nullptr, t4);
+    const int r0 = k0 + kr0, r1 = r0 + 8, c0 = DN * part;
+    tc::store_c_rows<DN, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, c0) : nullptr,
+                            r1 < seq_k ? &dk(b, r1, hk, c0) : nullptr, t4);
+    tc::store_c_rows<DN, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, c0) : nullptr,
+                            r1 < seq_k ? &dv(b, r1, hk, c0) : nullptr, t4);
 #else
     (void)lr, (void)smem;
 #if defined(__CUDA_ARCH__)
@@ -548,18 +559,19 @@ struct TcWgmmaDkDvKernel {
 /// Tiles of the warp-specialized wgmma dQ kernel: three warpgroups (two compute 64 query rows each, one loads),
 /// Q and dO of the block, `stages` stages of 64-key K and V tiles (16-bit, unpadded), 1 KB of alignment slack,
 /// the mbarriers (Q/dO, then full and empty per stage). 4 stages: d = 64 97 KB, d = 96 and 128 193 KB (rows of
-/// wgmma_row_elems). The backward with this kernel ran 1.03–1.10× the one with a two-warpgroup dQ kernel of
-/// 128-key tiles (H200, bf16, d 64/128, N 4096–16384, kfa vs kfa in one run).
+/// wgmma_row_elems); d = 256 (dQ in 128 registers a thread, as the forward's O) 3 stages of 32-key tiles, 225 KB.
+/// The backward with this kernel ran 1.03–1.10× the one with a two-warpgroup dQ kernel of 128-key tiles (H200,
+/// bf16, d 64/128, N 4096–16384, kfa vs kfa in one run).
 template <int D>
 struct WgmmaWsDqShape {
   static constexpr int warps = 12;
   static constexpr int block_q = 128;
-  static constexpr int block_k = 64;
-  static constexpr int stages = 4;
+  static constexpr int block_k = D == 256 ? 32 : 64;
+  static constexpr int stages = D == 256 ? 3 : 4;
   static constexpr std::size_t tile_bytes =
       static_cast<std::size_t>(2 * block_q + 2 * stages * block_k) * wgmma_row_elems(D) * 2;
   static constexpr std::size_t smem = tile_bytes + 1024 + 8 * (1 + 2 * stages);
-  static_assert(wgmma_backward_head_dim(D) && stages >= 2, "d = 64, 96 or 128; at least double-buffered");
+  static_assert(wgmma_backward_head_dim(D) && stages >= 2, "d = 64, 96, 128 or 256; at least double-buffered");
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -708,6 +720,9 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     tc::mbar_wait(bar.full(st), use & 1);
     tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes, vst = kst + kv_bytes;
+    std::uint32_t qa = q_wg, doa = do_wg;
+    // opaque at d = 256: else ptxas keeps the Q and dO tiles' 32 descriptors live across the tiles (spills)
+    if constexpr (D > 128) asm volatile("" : "+r"(qa), "+r"(doa));
     if (wg == 0)
       tc::named_sync(1, 256);
     else
@@ -716,23 +731,32 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = kk >> 2;
-      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(q_wg + panel * BQ * 128 + in_row, 16, 1024),
+      tc::wgmma_ss<BC, T>(s, tc::wgmma_desc(qa + panel * BQ * 128 + in_row, 16, 1024),
                           tc::wgmma_desc(kst + panel * BC * 128 + in_row, 16, 1024), kk);
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const std::uint32_t in_row = static_cast<std::uint32_t>((kk & 3) * 32), panel = kk >> 2;
-      tc::wgmma_ss<BC, T>(dp, tc::wgmma_desc(do_wg + panel * BQ * 128 + in_row, 16, 1024),
+      tc::wgmma_ss<BC, T>(dp, tc::wgmma_desc(doa + panel * BQ * 128 + in_row, 16, 1024),
                           tc::wgmma_desc(vst + panel * BC * 128 + in_row, 16, 1024), kk);
     }
     tc::wgmma_commit();
   };
-  // dQ += dS·K: B = the K tile of stage st read transposed (keys are the instruction's K dimension).
+  // dQ += dS·K: B = the K tile of stage st read transposed (keys are the instruction's K dimension); at
+  // D = 256 two products of n = 128 (two 64-element panels of K each), as the forward's O += P·V.
   auto issue_dq = [&](int st) {
     const std::uint32_t kst = ks0 + st * stage_bytes;
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk)
-      tc::wgmma_rs<D, T>(acc, da[kk], tc::wgmma_desc(kst + kk * 16 * 128, BC * 128, 1024));
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      if constexpr (D <= 128) {
+        tc::wgmma_rs<D, T>(acc, da[kk], tc::wgmma_desc(kst + kk * 16 * 128, BC * 128, 1024));
+      } else {
+#pragma unroll
+        for (int cn = 0; cn < D / 128; ++cn)
+          tc::wgmma_rs<128, T>(*reinterpret_cast<float(*)[16][4]>(&acc[cn * 16][0]), da[kk],
+                               tc::wgmma_desc(kst + cn * 2 * BC * 128 + kk * 16 * 128, BC * 128, 1024));
+      }
+    }
     tc::wgmma_commit();
   };
   auto hand_over = [&] {  // the other warpgroup's turn
@@ -815,18 +839,18 @@ void wgmma_dq_launch_d(const Kokkos::Cuda& space, const Args& args) {
 #endif  // KFA_HAS_TENSOR_CORES
 
 /// Why the wgmma backward kernels (dK/dV and dQ) cannot run head dim d on this space's device ("" when they
-/// can): head dim 64, 96 or 128 (fused: 64), a compute capability 9.0 device running kfa's sm_90a image, the
-/// shared memory.
+/// can): head dim 64, 96, 128 or 256 (fused: 64), a compute capability 9.0 device running kfa's sm_90a image,
+/// the shared memory.
 template <class ExecSpace>
 std::string wgmma_backward_problem(const ExecSpace& space, int d, bool fused) {
   if (!wgmma_space<ExecSpace>()) return wgmma_device_problem(space, 0, "the wgmma backward");
   if (!wgmma_backward_head_dim(d))
-    return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64, 96 and 128)";
+    return "head_dim = " + std::to_string(d) + " (the wgmma backward exists for 64, 96, 128 and 256)";
   if (fused && d != 64)
     return "opts.deterministic = false at head_dim = " + std::to_string(d) +
            " (the wgmma dK/dV kernel fuses dQ at 64 only; at 128 that was no faster than its two deterministic "
            "kernels)";
-  const std::size_t smem = fused ? WgmmaBackwardShape<64, true>::smem : tc_head_dim_switch(d, [](auto dc) {
+  const std::size_t smem = fused ? WgmmaBackwardShape<64, true>::smem : fa2_head_dim_switch(d, [](auto dc) {
     constexpr int D = decltype(dc)::value;
     return std::max(WgmmaBackwardShape<D>::smem, WgmmaWsDqShape<D>::smem);
   });

@@ -49,13 +49,13 @@ std::string wgmma_backward_why_not(const ExecSpace& space, int d, bool fused, co
         why = tc_block_problem(opts, WgmmaWsDqShape<D>::block_q, WgmmaWsDqShape<D>::block_k, "wgmma dQ kernel");
       return why;
     };
-    const std::string why = tc_head_dim_switch(d, blocks);
+    const std::string why = fa2_head_dim_switch(d, blocks);
     if (!why.empty()) return why;
   }
   return wgmma_backward_problem(space, d, fused);
 }
 
-/// The tiles of the wgmma backward kernels at head dim D (64, 96 or 128).
+/// The tiles of the wgmma backward kernels at head dim D (64, 96, 128 or 256).
 template <int D>
 BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
   using S = WgmmaBackwardShape<D>;
@@ -73,7 +73,7 @@ BackwardTileConfig wgmma_backward_tiles(std::size_t smem_max) {
   return t;
 }
 inline BackwardTileConfig wgmma_backward_tiles(int d, std::size_t smem_max) {
-  return tc_head_dim_switch(d, [&](auto dc) { return wgmma_backward_tiles<decltype(dc)::value>(smem_max); });
+  return fa2_head_dim_switch(d, [&](auto dc) { return wgmma_backward_tiles<decltype(dc)::value>(smem_max); });
 }
 
 struct WgmmaForwardFamily {  // Hopper (sm_90a): wgmma, warp-specialized (forward.hpp)

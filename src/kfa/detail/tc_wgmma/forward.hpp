@@ -39,9 +39,9 @@ namespace detail {
 KOKKOS_INLINE_FUNCTION constexpr bool wgmma_forward_head_dim(int d) {
   return d == 64 || d == 96 || d == 128 || d == 256;
 }
-/// Head dims of the wgmma backward (backward.hpp): 64, 96 and 128.
+/// Head dims of the wgmma backward (backward.hpp): 64, 96, 128 and 256.
 KOKKOS_INLINE_FUNCTION constexpr bool wgmma_backward_head_dim(int d) {
-  return d == 64 || d == 96 || d == 128;
+  return d == 64 || d == 96 || d == 128 || d == 256;
 }
 /// A row's elements in the wgmma kernels' shared tiles: head dim d in whole 64-element (128-byte) panels. At
 /// d = 96 a row's second panel is half used: the products read only the head dim's 96 (the instruction's K
