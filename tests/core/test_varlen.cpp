@@ -254,6 +254,16 @@ TYPED_TEST(Varlen, GroupedAndMultiQueryHeads) {
   check_varlen<TypeParam>(lq, lk, 3, 1, 128, {});
 }
 
+TYPED_TEST(Varlen, HeadDims96And256) {
+  // The tensor-core families' other head dims: on Hopper the wgmma kernels (d = 96 in two 64-element panels a row;
+  // d = 256's dK/dV warpgroups on the same keys, half of the columns each), the FA2-layout ones by name.
+  const std::vector<int> lq = {1, 70, 0, 130, 33}, lk = {9, 70, 12, 130, 64};
+  for (int d : {96, 256}) {
+    check_varlen<TypeParam>(lq, lk, 2, 1, d, causal());
+    check_varlen<TypeParam>(lq, lk, 2, 2, d, {});
+  }
+}
+
 TYPED_TEST(Varlen, ThousandsOfShortSequencesAndOneLong) {
   std::mt19937_64 rng(fresh_seed());
   std::uniform_int_distribution<int> len(0, 9);
