@@ -742,21 +742,11 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     }
     tc::wgmma_commit();
   };
-  // dQ += dS·K: B = the K tile of stage st read transposed (keys are the instruction's K dimension); at
-  // D = 256 two products of n = 128 (two 64-element panels of K each), as the forward's O += P·V.
+  // dQ += dS·K: B = the K tile of stage st read transposed (keys are the instruction's K dimension).
   auto issue_dq = [&](int st) {
     const std::uint32_t kst = ks0 + st * stage_bytes;
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      if constexpr (D <= 128) {
-        tc::wgmma_rs<D, T>(acc, da[kk], tc::wgmma_desc(kst + kk * 16 * 128, BC * 128, 1024));
-      } else {
-#pragma unroll
-        for (int cn = 0; cn < D / 128; ++cn)
-          tc::wgmma_rs<128, T>(*reinterpret_cast<float(*)[16][4]>(&acc[cn * 16][0]), da[kk],
-                               tc::wgmma_desc(kst + cn * 2 * BC * 128 + kk * 16 * 128, BC * 128, 1024));
-      }
-    }
+    for (int kk = 0; kk < BC / 16; ++kk) tc::wgmma_rs_tile<D, BC, T>(acc, da[kk], kst, kk);
     tc::wgmma_commit();
   };
   auto hand_over = [&] {  // the other warpgroup's turn

@@ -268,6 +268,23 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const std::uint32
 #undef KFA_WG_SS
 #undef KFA_WG_RS
 
+/// k step kk of acc (64 × D per warpgroup) += A·B with A = this warp's fragment a and B = a tile of ROWS rows ×
+/// D in 64-element panels of ROWS × 128 B at b, read transposed (its rows are the K dimension, 16 a step):
+/// O += P·V in the forward, dQ += dS·K in the dQ kernel. One product of n = D (at 96 it reads the first panel and
+/// half the second), or at D = 256 two of n = 128 (two panels each).
+template <int D, int ROWS, class T>
+__device__ __forceinline__ void wgmma_rs_tile(float (&acc)[D / 8][4], const std::uint32_t (&a)[4], std::uint32_t b,
+                                              int kk) {
+  if constexpr (D <= 128) {
+    wgmma_rs<D, T>(acc, a, wgmma_desc(b + kk * 16 * 128, ROWS * 128, 1024));
+  } else {
+#pragma unroll
+    for (int cn = 0; cn < D / 128; ++cn)
+      wgmma_rs<128, T>(*reinterpret_cast<float(*)[16][4]>(&acc[cn * 16][0]), a,
+                       wgmma_desc(b + cn * 2 * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024));
+  }
+}
+
 /// Copies ROWS × D 16-bit elements (row r at src + r·stride) into 64-element panels of ROWS × 128 B under
 /// the 128-byte swizzle: chunk x of row r goes to panel x / 8, chunk (x mod 8) ^ (r mod 8); rows ≥ valid
 /// are zeroed. NT threads, each keeping one chunk column of the panels (wgmma_row_elems(D) / 8 of them; the
@@ -559,21 +576,11 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
     }
     tc::wgmma_commit();
   };
-  // O += P·V: one product of n = D (at 96 it reads V's first panel and half the second), or at D = 256 two of
-  // n = 128 (two 64-element panels of V each).
+  // O += P·V, V read transposed.
   auto issue_pv = [&](int st) {
     const std::uint32_t vst = ks0 + st * stage_bytes + kv_bytes;
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      if constexpr (D <= 128) {
-        tc::wgmma_rs<D, T>(acc, pa[kk], tc::wgmma_desc(vst + kk * 16 * 128, BC * 128, 1024));
-      } else {
-#pragma unroll
-        for (int cn = 0; cn < D / 128; ++cn)
-          tc::wgmma_rs<128, T>(*reinterpret_cast<float(*)[16][4]>(&acc[cn * 16][0]), pa[kk],
-                               tc::wgmma_desc(vst + cn * 2 * BC * 128 + kk * 16 * 128, BC * 128, 1024));
-      }
-    }
+    for (int kk = 0; kk < BC / 16; ++kk) tc::wgmma_rs_tile<D, BC, T>(acc, pa[kk], vst, kk);
     tc::wgmma_commit();
   };
   auto hand_over = [&] {  // the next warpgroup's turn
