@@ -87,6 +87,12 @@ constexpr bool is_host_space() {
 constexpr std::size_t host_forward_stream_bytes = 136 * 1024;
 constexpr std::size_t host_backward_stream_bytes = 72 * 1024;
 constexpr int host_forward_block_q = 128;
+/// Host backward: keys a dK/dV team owns at 64 < d <= 128 (64 elsewhere, and on devices). Every owned key block
+/// streams the whole query range past it (Q, dO and the dQ workspace rows), so 128 keys halve that traffic.
+/// Measured on one Zen 4 core (float, N 2048-8192, 2026-12-06) against 64: d = 128 1.00-1.09x the backward with
+/// the AVX-512 kernels (N 8192: 1.07-1.09x), 0.99-1.11x held to AVX2 (noisy); d = 64 0.99-1.03x AVX-512 but
+/// 0.87-1.10x AVX2, so d = 64 keeps 64.
+constexpr int host_backward_block_k = 128;
 
 /// The scratch level the portable kernels put their streamed tiles in: level 0 on devices, level 1 with the
 /// other tiles on host (see host_forward_stream_bytes).
@@ -272,15 +278,16 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
                    detail::stream_budget_words(host, false, l0_max));
     return best;
   };
-  // Owned block: the override, else 64, on devices shrunk (to 16) while the league would leave threads idle
-  // (the host dK/dV pass fills threads with chunks of key blocks instead: host_backward_chunks).
-  auto owned = [&](int override_value, const char* name, long extent, long batch_heads) {
+  // Owned block: the override, else `most` (64; the host dK/dV pass's keys: host_backward_block_k), on devices
+  // shrunk (to 16) while the league would leave threads idle (the host dK/dV pass fills threads with chunks of key
+  // blocks instead: host_backward_chunks).
+  auto owned = [&](int override_value, const char* name, long extent, long batch_heads, int most) {
     if (override_value > 0) {
       if (override_value % 8 != 0) detail::fail(fn, ": opts.", name, " = ", override_value, " is not a multiple of 8");
       return override_value;
     }
     const long want = 4L * static_cast<long>(space.concurrency()) / team_size;
-    int n = static_cast<int>(std::min<long>(64, std::max<long>(8, (extent + 7) / 8 * 8)));
+    int n = static_cast<int>(std::min<long>(most, std::max<long>(8, (extent + 7) / 8 * 8)));
     while (!host && n > 16 && batch_heads * ((extent + n - 1) / n) < want) n = std::max(16, (n / 2 + 7) / 8 * 8);
     return n;
   };
@@ -290,9 +297,10 @@ BackwardTileConfig backward_tile_config(const ExecSpace& space, int head_dim, lo
     c->scratch_l0_max = l0_max;
   }
   t.dkdv.block_q = streamed(opts.block_q, "block_q", seq_q);
-  t.dkdv.block_k = owned(opts.block_k, "block_k", seq_k, batch_heads_kv);
+  t.dkdv.block_k = owned(opts.block_k, "block_k", seq_k, batch_heads_kv,
+                         host && head_dim > 64 && head_dim <= 128 ? detail::host_backward_block_k : 64);
   t.dq.block_k = streamed(opts.block_k, "block_k", seq_k);
-  t.dq.block_q = owned(opts.block_q, "block_q", seq_q, batch_heads_q);
+  t.dq.block_q = owned(opts.block_q, "block_q", seq_q, batch_heads_q, 64);
   const detail::BackwardScratchLayout a(t.dkdv.block_q, t.dkdv.block_k, head_dim, eb, host);
   const detail::BackwardScratchLayout b(t.dq.block_k, t.dq.block_q, head_dim, eb);
   t.dkdv.scratch_l0 = detail::scratch_view_bytes<ExecSpace, Acc>(a.l0_total);
