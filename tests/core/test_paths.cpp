@@ -4,6 +4,8 @@
 // tests report a skip and the error tests carry the weight.
 #include "../common/kfa_test.hpp"
 
+#include <kfa/detail/cuda/block_order.hpp>
+
 #include <cstdio>
 #include <cstring>
 
@@ -451,6 +453,58 @@ TEST(Paths, FloatFamiliesAgreeWithPortableAndReference) {
     }
   if (tf32_runs == 0)
     std::printf("[ note ] tensor_core_tf32x3 cannot run on %s here: checked portable/automatic only\n", Exec::name());
+}
+
+// The order the CUDA kernels take their blocks in (cuda/block_order.hpp): every (pair, block) exactly once, for
+// any section; inside a section the most work first over all its pairs; sections only under a mask whose work
+// depends on the block, no wider than the pairs.
+TEST(Paths, BlockOrderTakesEveryBlockOnce) {
+  for (int pairs : {1, 2, 5, 12})
+    for (int blocks : {1, 3, 8})
+      for (int section = 1; section <= pairs; ++section) {
+        kfa::detail::BlockOrder o;
+        o.blocks = blocks, o.pairs = pairs, o.section = section;
+        ASSERT_EQ(o.league(), static_cast<long>(pairs) * blocks);
+        std::vector<int> seen(static_cast<std::size_t>(pairs) * blocks, 0);
+        int last_first = -1, last_rank = 0;
+        for (int r = 0; r < pairs * blocks; ++r) {
+          int pair = -1, rank = -1;
+          o.at(r, pair, rank);
+          ASSERT_TRUE(pair >= 0 && pair < pairs && rank >= 0 && rank < blocks)
+              << "pairs " << pairs << " blocks " << blocks << " section " << section << " r " << r;
+          ++seen[static_cast<std::size_t>(pair) * blocks + rank];
+          const int first = pair / section * section;
+          if (first == last_first) EXPECT_GE(rank, last_rank) << "section " << section << " r " << r;
+          EXPECT_GE(first, last_first) << "section " << section << " r " << r;
+          last_first = first, last_rank = rank;
+        }
+        for (int c : seen) EXPECT_EQ(c, 1) << "pairs " << pairs << " blocks " << blocks << " section " << section;
+      }
+  // QueryBlock: rank 0 is the last query block; KeyBlock: rank 0 the first key block.
+  kfa::detail::BlockOrder o;
+  o.blocks = 4, o.pairs = 6, o.section = 3;  // batch 2 · heads 3
+  const kfa::detail::QueryBlock first_q(0, o, 3, 1, 64, 200);
+  EXPECT_EQ(first_q.i0, 192);
+  EXPECT_EQ(first_q.rows, 8);
+  const kfa::detail::QueryBlock next_q(1, o, 3, 1, 64, 200);
+  EXPECT_EQ(next_q.h, 1);
+  EXPECT_EQ(next_q.i0, 192);
+  const kfa::detail::KeyBlock first_k(o.league() - 1, o, 3);
+  EXPECT_EQ(first_k.b, 1);
+  EXPECT_EQ(first_k.hk, 2);
+  EXPECT_EQ(first_k.kb, 3);
+  // Without a row-dependent mask one pair after the other; under one, the pairs whose blocks fill the SMs once
+  // (rounded), never more than there are, never fewer than one.
+  const kfa::detail::KeyMask none(4096, 4096, false, -1, -1), causal(4096, 4096, true, -1, -1);
+  EXPECT_EQ(kfa::detail::query_block_order(4, 4096, 16, 128, none, 132).section, 1);
+  EXPECT_EQ(kfa::detail::query_block_order(4, 4096, 16, 128, causal, 132).section, 4);  // 32 blocks a pair
+  EXPECT_EQ(kfa::detail::key_block_order(4, 4096, 16, 128, causal, 132).section, 4);
+  EXPECT_EQ(kfa::detail::query_block_order(4, 16384, 16, 128, causal, 132).section, 1);  // 128 blocks a pair
+  EXPECT_EQ(kfa::detail::query_block_order(4, 4096, 16, 128, causal, 0).section, 1);     // no CUDA device
+  const kfa::detail::BlockOrder c = kfa::detail::query_block_order(1, 256, 2, 128, causal, 132);
+  EXPECT_EQ(c.blocks, 2);
+  EXPECT_EQ(c.pairs, 2);
+  EXPECT_EQ(c.section, 2);
 }
 
 TEST(Paths, NamesOfPaths) {

@@ -125,7 +125,7 @@ void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, con
         using K1 = TcWgmmaDkDvKernel<D, Softcap, decltype(tma)::value, FuseDq, Args>;
         K1 k1(args, dq_acc);
         if (decltype(tma)::value && !k1.set_tma()) return false;
-        const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+        const long league = k1.order.league();
         checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
         native_launch(space,
                       FuseDq ? "kfa::attention_backward::dkdv_dq[tensor_core_wgmma]"
@@ -144,7 +144,7 @@ void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, con
     if (kn.fa2) {
       using K1 = TcFa2DkDvKernel<D, Softcap, FuseDq, Args>;
       const K1 k1(args, dq_acc);
-      const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+      const long league = k1.order.league();
       checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       native_launch(space, name, &native_team_kernel<K1>, league, dim3(32, S::dkdv_warps), S::dkdv_scratch,
                     K1::MIN_BLOCKS, k1);
@@ -158,7 +158,7 @@ void tc_dkdv_launch(const ExecSpace& space, const Args& args, float* dq_acc, con
     using S = TcBackwardShape<D, FuseDq>;
     using K1 = TcDkDvKernel<D, Softcap, FuseDq, Args>;
     const K1 k1(args, dq_acc);
-    const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+    const long league = k1.order.league();
     checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
     // Natively only where the tiles exceed Kokkos' team scratch: the d = 64 body launched natively ran
     // 50% slower than the same body under Kokkos (ncu on the H200: warps stalled on instruction fetch;
@@ -243,7 +243,7 @@ void tc_backward_launch_d(const ExecSpace& space, const Args& args, const TcBack
     } else {
       using K2 = TcDqKernel<D, Softcap, Args>;
       const K2 k2(args);
-      const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
+      const long league = k2.order.league();
       checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
       typename K2::policy_type p2(space, static_cast<int>(league), S::warps, 32);
       p2.set_scratch_size(0, Kokkos::PerTeam(S::dq_scratch));

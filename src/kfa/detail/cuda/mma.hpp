@@ -1,8 +1,8 @@
 #pragma once
 /// cuda/mma.hpp: the Ampere primitives the CUDA families stand on (sm_80 and newer): the head-dim and view
-/// eligibility tests, the query-block order, and the warp-level PTX wrappers (mma.sync m16n8k16 with fp32
-/// accumulation, ldmatrix, cp.async, exp2) the tensor-core kernels use. The compile-time trait
-/// kfa::has_tensor_core_path is in kfa/paths.hpp.
+/// eligibility tests and the warp-level PTX wrappers (mma.sync m16n8k16 with fp32 accumulation, ldmatrix,
+/// cp.async, exp2) the tensor-core kernels use; the block order (cuda/block_order.hpp) comes with it. The
+/// compile-time trait kfa::has_tensor_core_path is in kfa/paths.hpp.
 ///
 /// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
 ///   A 16×16 row-major, 4 registers of 2 elements: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)
@@ -11,7 +11,8 @@
 /// Two neighbouring C tiles (16×16 in all) converted to 16-bit are exactly one A fragment, which is how
 /// P = softmax(S) feeds P·V without leaving registers.
 #include <kfa/compat.hpp>
-#include <kfa/paths.hpp>  // kfa::has_tensor_core_path, KFA_HAS_TENSOR_CORES
+#include <kfa/detail/cuda/block_order.hpp>  // QueryBlock, KeyBlock
+#include <kfa/paths.hpp>                    // kfa::has_tensor_core_path, KFA_HAS_TENSOR_CORES
 #include <kfa/types.hpp>
 
 #include <cstddef>
@@ -77,21 +78,6 @@ const char* tc_view_problem(const V& v) {
     return "its strides are not multiples of 16 bytes";
   return nullptr;
 }
-
-/// The query block a team of the CUDA query-block kernels (tensor-core forward and dQ, fp32 forward) owns,
-/// from its league rank. Last query blocks first: under a causal mask they see the most keys, and
-/// starting them early shortens the tail of the launch (FA2 does the same; measured on an H200).
-struct QueryBlock {
-  int b, h, hk, i0, rows;  // batch, query head, kv head, first row, rows in this block
-  KOKKOS_INLINE_FUNCTION QueryBlock(int league_rank, int n_qblocks, int heads_q, int group, int block_q, int seq_q) {
-    const int qb = n_qblocks - 1 - league_rank % n_qblocks;
-    h = (league_rank / n_qblocks) % heads_q;
-    b = league_rank / (n_qblocks * heads_q);
-    hk = h / group;
-    i0 = qb * block_q;
-    rows = (seq_q - i0) < block_q ? (seq_q - i0) : block_q;
-  }
-};
 
 #if KFA_HAS_TENSOR_CORES
 /// Bits of a 16-bit element type as CUDA's own type.

@@ -28,7 +28,8 @@ struct Fa2QkvArgs {
   const std::uint16_t* k;
   const std::uint16_t* v;
   long q_s[3], k_s[3], v_s[3];
-  int seq_q, heads_q, group, n_qblocks;
+  int seq_q, heads_q, group;
+  BlockOrder order;  // of the query blocks
   float scale;
   KeyMask mask;
   /// From a call's ForwardArgs or BackwardArgs (common/kernel_args.hpp); `block_q`: the kernel's query rows per
@@ -42,10 +43,10 @@ struct Fa2QkvArgs {
     seq_q = static_cast<int>(x.q.extent(1));
     heads_q = static_cast<int>(x.q.extent(2));
     group = static_cast<int>(x.q.extent(2) / x.k.extent(2));
-    n_qblocks = (seq_q + block_q - 1) / block_q;
     scale = x.scale;
     mask = x.mask;
-    return static_cast<long>(x.q.extent(0)) * heads_q * n_qblocks;
+    order = query_block_order(x, block_q);
+    return order.league();
   }
 };
 

@@ -232,7 +232,8 @@ struct SimtDkDvKernel {
   DV dd;
   DKV dk;
   DVV dv;
-  int seq_q, seq_k, heads_kv, group, n_kblocks;
+  int seq_q, seq_k, heads_kv, group;
+  BlockOrder order;  // of the key blocks
   float scale, softcap;
   KeyMask mask;
 
@@ -249,7 +250,7 @@ struct SimtDkDvKernel {
         seq_k(static_cast<int>(a.k.extent(1))),
         heads_kv(static_cast<int>(a.k.extent(2))),
         group(a.k.extent(2) > 0 ? static_cast<int>(a.q.extent(2) / a.k.extent(2)) : 0),
-        n_kblocks((seq_k + BK - 1) / BK),
+        order(key_block_order(a, BK)),
         scale(a.scale),
         softcap(a.softcap),
         mask(a.mask) {}
@@ -261,9 +262,8 @@ struct SimtDkDvKernel {
     const int grp = tid / H, part = tid % H;
     const int lr = team.league_rank();
     // Key block 0 first: under a causal mask the first keys are seen by the most queries.
-    const int kb = lr % n_kblocks;
-    const int hk = (lr / n_kblocks) % heads_kv;
-    const int b = lr / (n_kblocks * heads_kv);
+    const KeyBlock blk(lr, order, heads_kv);
+    const int kb = blk.kb, hk = blk.hk, b = blk.b;
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
 
@@ -394,7 +394,8 @@ struct SimtDqKernel {
   LV lse;
   DV dd;
   DQV dq;
-  int seq_q, heads_q, group, n_qblocks;
+  int seq_q, heads_q, group;
+  BlockOrder order;  // of the query blocks
   float scale, softcap;
   KeyMask mask;
 
@@ -409,7 +410,7 @@ struct SimtDqKernel {
         seq_q(static_cast<int>(a.q.extent(1))),
         heads_q(static_cast<int>(a.q.extent(2))),
         group(a.k.extent(2) > 0 ? static_cast<int>(a.q.extent(2) / a.k.extent(2)) : 1),
-        n_qblocks((seq_q + BQ - 1) / BQ),
+        order(query_block_order(a, BQ)),
         scale(a.scale),
         softcap(a.softcap),
         mask(a.mask) {}
@@ -419,7 +420,7 @@ struct SimtDqKernel {
     using namespace simt_bwd;
     const int tid = threadIdx.y * 32 + threadIdx.x;
     const int grp = tid / H, part = tid % H;
-    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
@@ -534,7 +535,7 @@ void simt_backward_launch_d(const ExecSpace& space, const Args& args, BackwardPa
     if (k.extent(1) > 0 && parts != BackwardParts::dq) {
       using K1 = SimtDkDvKernel<D, Args>;
       const K1 k1(args);
-      const long league = static_cast<long>(k.extent(0)) * static_cast<long>(k.extent(2)) * k1.n_kblocks;
+      const long league = k1.order.league();
       checked_league("kfa::attention_backward", "batch * heads_kv * key blocks", league);
       if (league > 0) {
         typename K1::policy_type p1(space, static_cast<int>(league), S::threads / 32, 32);
@@ -545,7 +546,7 @@ void simt_backward_launch_d(const ExecSpace& space, const Args& args, BackwardPa
     if (q.extent(1) > 0 && parts != BackwardParts::dkdv) {
       using K2 = SimtDqKernel<D, Args>;
       const K2 k2(args);
-      const long league = static_cast<long>(q.extent(0)) * static_cast<long>(q.extent(2)) * k2.n_qblocks;
+      const long league = k2.order.league();
       checked_league("kfa::attention_backward", "batch * heads_q * query blocks", league);
       if (league > 0) {
         typename K2::policy_type p2(space, static_cast<int>(league), S::threads / 32, 32);

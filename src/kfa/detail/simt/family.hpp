@@ -65,7 +65,7 @@ void simt_forward_launch_d(const ExecSpace& space, const Args& args) {
                 std::is_same<typename Args::o_type::non_const_value_type, float>::value) {
     using Kernel = SimtForwardKernel<D, Args>;
     const Kernel kernel(args);
-    const long league = static_cast<long>(args.q.extent(0)) * static_cast<long>(args.q.extent(2)) * kernel.n_qblocks;
+    const long league = kernel.order.league();
     checked_league("kfa::attention_forward", "batch * heads_q * query blocks", league);
     typename Kernel::policy_type policy(space, static_cast<int>(league), SimtForwardShape<D>::threads / 32, 32);
     policy.set_scratch_size(0, Kokkos::PerTeam(SimtForwardShape<D>::scratch_l0));

@@ -56,7 +56,8 @@ struct SimtForwardKernel {
   VV v;
   OV o;
   LV lse;
-  int seq_q, heads_q, group, n_qblocks;
+  int seq_q, heads_q, group;
+  BlockOrder order;  // of the query blocks
   float scale, softcap;
   KeyMask mask;
 
@@ -69,7 +70,7 @@ struct SimtForwardKernel {
         seq_q(static_cast<int>(a.q.extent(1))),
         heads_q(static_cast<int>(a.q.extent(2))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ),
+        order(query_block_order(a, BQ)),
         scale(a.scale),
         softcap(a.softcap),
         mask(a.mask) {}
@@ -95,7 +96,7 @@ struct SimtForwardKernel {
 #if defined(__CUDA_ARCH__)
     const int tid = threadIdx.y * 32 + threadIdx.x;
     const int grp = tid / H, part = tid % H;
-    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
     int row[R];
 #pragma unroll

@@ -97,7 +97,8 @@ struct TcFa2DkDvKernel {
   DKV dk;
   DVV dv;
   float* dq_acc;
-  int seq_q, seq_k, heads_kv, group, n_kblocks;
+  int seq_q, seq_k, heads_kv, group;
+  BlockOrder order;  // of the key blocks
   float scale;
   TcRecomputeConsts pc;
   KeyMask mask;
@@ -116,7 +117,7 @@ struct TcFa2DkDvKernel {
         seq_k(static_cast<int>(a.k.extent(1))),
         heads_kv(static_cast<int>(a.k.extent(2))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK),
+        order(key_block_order(a, BK)),
         scale(a.scale),
         pc(a.scale, a.softcap),
         mask(a.mask) {}
@@ -126,9 +127,8 @@ struct TcFa2DkDvKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const int kb = lr % n_kblocks;
-    const int hk = (lr / n_kblocks) % heads_kv;
-    const int b = lr / (n_kblocks * heads_kv);
+    const KeyBlock blk(lr, order, heads_kv);
+    const int kb = blk.kb, hk = blk.hk, b = blk.b;
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
 

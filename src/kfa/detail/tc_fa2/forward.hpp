@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(32 * Fa2ForwardShape<D>::warps, Fa2ForwardShap
   extern __shared__ __align__(16) unsigned char fa2_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int g = lane >> 2, t4 = lane & 3;
-  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
   const float ninf = -compat::infinity<float>();

@@ -87,7 +87,8 @@ struct TcDkDvKernel {
   DKV dk;
   DVV dv;
   float* dq_acc;
-  int seq_q, seq_k, heads_kv, group, n_kblocks;
+  int seq_q, seq_k, heads_kv, group;
+  BlockOrder order;  // of the key blocks
   float scale;
   TcRecomputeConsts pc;
   KeyMask mask;
@@ -106,7 +107,7 @@ struct TcDkDvKernel {
         seq_k(static_cast<int>(a.k.extent(1))),
         heads_kv(static_cast<int>(a.k.extent(2))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK),
+        order(key_block_order(a, BK)),
         scale(a.scale),
         pc(a.scale, a.softcap),
         mask(a.mask) {}
@@ -124,9 +125,8 @@ struct TcDkDvKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const int kb = lr % n_kblocks;
-    const int hk = (lr / n_kblocks) % heads_kv;
-    const int b = lr / (n_kblocks * heads_kv);
+    const KeyBlock blk(lr, order, heads_kv);
+    const int kb = blk.kb, hk = blk.hk, b = blk.b;
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
     const int wk0 = k0 + warp * 16;  // this warp's first key
@@ -467,7 +467,8 @@ struct TcDqKernel {
   LV lse;
   DV dd;
   DQV dq;
-  int seq_q, heads_q, group, n_qblocks;
+  int seq_q, heads_q, group;
+  BlockOrder order;  // of the query blocks
   float scale;
   TcRecomputeConsts pc;
   KeyMask mask;
@@ -483,7 +484,7 @@ struct TcDqKernel {
         seq_q(static_cast<int>(a.q.extent(1))),
         heads_q(static_cast<int>(a.q.extent(2))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ),
+        order(query_block_order(a, BQ)),
         scale(a.scale),
         pc(a.scale, a.softcap),
         mask(a.mask) {}
@@ -492,7 +493,7 @@ struct TcDqKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
     const int wr0 = i0 + warp * 16;
 

@@ -36,7 +36,7 @@ void tc_forward_launch_d(const ExecSpace& space, const Args& args) {
 #if KFA_HAS_TENSOR_CORES
   using Kernel = TcForwardKernel<D, Args>;
   const Kernel kernel(args);
-  const long league = static_cast<long>(args.q.extent(0)) * static_cast<long>(args.q.extent(2)) * kernel.n_qblocks;
+  const long league = kernel.order.league();
   checked_league("kfa::attention_forward", "batch * heads_q * query blocks", league);
   typename Kernel::policy_type policy(space, static_cast<int>(league), Kernel::WARPS, 32);
   policy.set_scratch_size(0, Kokkos::PerTeam(TcForwardShape<D>::scratch_l0));

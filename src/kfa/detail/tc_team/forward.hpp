@@ -52,7 +52,8 @@ struct TcForwardKernel {
   VV v;
   OV o;
   LV lse;
-  int seq_q, heads_q, group, n_qblocks;
+  int seq_q, heads_q, group;
+  BlockOrder order;  // of the query blocks
   float scale, softcap;
   KeyMask mask;
 
@@ -65,7 +66,7 @@ struct TcForwardKernel {
         seq_q(static_cast<int>(a.q.extent(1))),
         heads_q(static_cast<int>(a.q.extent(2))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_qblocks((seq_q + BQ - 1) / BQ),
+        order(query_block_order(a, BQ)),
         scale(a.scale),
         softcap(a.softcap),
         mask(a.mask) {}
@@ -74,7 +75,7 @@ struct TcForwardKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3;
-    const QueryBlock blk(team.league_rank(), n_qblocks, heads_q, group, BQ, seq_q);
+    const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
     const int wr0 = i0 + warp * 16;  // this warp's first query row
     const float ninf = -compat::infinity<float>();

@@ -79,7 +79,8 @@ struct Tf32BackwardArgs : Fa2DqArgs<float> {
   float* dk;
   float* dv;
   long dk_s[3], dv_s[3];
-  int seq_k, heads_kv, n_kblocks;
+  int seq_k, heads_kv;
+  BlockOrder korder;  // of the key blocks (order: the dQ kernel's query blocks)
 };
 
 #if KFA_HAS_TENSOR_CORES
@@ -98,9 +99,8 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
   // second (role 1) dPᵀ, dSᵀ and dK.
   const int kw = warp % (Shape::warps / 2), role = warp / (Shape::warps / 2);
   const int lr = static_cast<int>(blockIdx.x);
-  const int kb = lr % a.n_kblocks;
-  const int hk = (lr / a.n_kblocks) % a.heads_kv;
-  const int b = lr / (a.n_kblocks * a.heads_kv);
+  const KeyBlock blk(lr, a.korder, a.heads_kv);
+  const int kb = blk.kb, hk = blk.hk, b = blk.b;
   const int k0 = kb * BK;
   const int keys = (a.seq_k - k0) < BK ? (a.seq_k - k0) : BK;
 
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   extern __shared__ __align__(16) unsigned char tf32_dq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const int wr0 = i0 + warp * 16;  // this warp's first query row
 
@@ -417,8 +417,8 @@ void tf32_backward_launch_d(const Kokkos::Cuda& space, const Args& args, Backwar
   strides3(args.dk, a.dk_s), strides3(args.dv, a.dv_s);
   a.seq_k = static_cast<int>(args.k.extent(1));
   a.heads_kv = static_cast<int>(args.k.extent(2));
-  a.n_kblocks = (a.seq_k + S::dkdv_block_k - 1) / S::dkdv_block_k;
-  const long k_league = static_cast<long>(args.k.extent(0)) * a.heads_kv * a.n_kblocks;
+  a.korder = key_block_order(args, S::dkdv_block_k);
+  const long k_league = a.korder.league();
   if (k_league > 0 && parts != BackwardParts::dq)
     native_launch(space, "kfa::attention_backward::dkdv[tensor_core_tf32x3]", &tc_tf32_dkdv_kernel<D, Softcap>,
                   k_league, dim3(32 * S::warps), S::dkdv_scratch, 1, a);

@@ -155,7 +155,8 @@ struct TcWgmmaDkDvKernel {
   DV dd;
   DKV dk;
   DVV dv;
-  int seq_q, seq_k, heads_kv, group, n_kblocks;
+  int seq_q, seq_k, heads_kv, group;
+  BlockOrder order;  // of the key blocks
   float scale;
   TcRecomputeConsts pc;
   KeyMask mask;
@@ -175,7 +176,7 @@ struct TcWgmmaDkDvKernel {
         seq_k(static_cast<int>(a.k.extent(1))),
         heads_kv(static_cast<int>(a.k.extent(2))),
         group(static_cast<int>(a.q.extent(2) / a.k.extent(2))),
-        n_kblocks((seq_k + BK - 1) / BK),
+        order(key_block_order(a, BK)),
         scale(a.scale),
         pc(a.scale, a.softcap),
         mask(a.mask),
@@ -264,9 +265,8 @@ struct TcWgmmaDkDvKernel {
     const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
     // The warpgroup's 64 keys (key group kg) and its columns of dK and dV (part: columns DN·part ..)
     const int kg = wg / Shape::col_parts, part = wg % Shape::col_parts;
-    const int kb = lr % n_kblocks;
-    const int hk = (lr / n_kblocks) % heads_kv;
-    const int b = lr / (n_kblocks * heads_kv);
+    const KeyBlock blk(lr, order, heads_kv);
+    const int kb = blk.kb, hk = blk.hk, b = blk.b;
     const int k0 = kb * BK;
     const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
 
@@ -599,7 +599,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   extern __shared__ __align__(1024) unsigned char wgmma_ws_dq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
-  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
 
   // Q, dO, then stage s's K at ks0 + s·2·BC·DP·2 and V right after it, each at a multiple of 1024 B; barriers.

@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
-  const QueryBlock blk(static_cast<int>(blockIdx.x), a.n_qblocks, a.heads_q, a.group, BQ, a.seq_q);
+  const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
   const float ninf = -compat::infinity<float>();
 
