@@ -145,11 +145,26 @@ struct ForwardKernel {
           }
         });
         team.team_barrier();
-        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]: rows [0, cols8), columns [r0, r1); rows from cols8 masked below
-        team_gemm<ExecSpace>(team, cols8, r1 - r0, d, kp, ldk, 1, qt + r0, ld, st + r0, ld, false);
+        // Sᵀ[bk][bq] = K[bk][d] · Qᵀ[d][bq]: rows [0, cols8), columns [r0, r1); rows from cols8 masked below. On
+        // host a tile the mask cuts (a causal diagonal, a window's edge) goes in strips of host_mask_strip keys, each
+        // over the query columns that see one of its keys (widened to steps of 16); what is left out is masked below.
+        const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+        if (host && need_mask) {
+          for (int ja = 0; ja < cols; ja += host_mask_strip) {
+            const int jb = ja + host_mask_strip < cols8 ? ja + host_mask_strip : cols8;
+            const long lo = mask.query_begin(j0 + ja) - i0;
+            const long hi = mask.query_end(j0 + (jb < cols ? jb : cols), seq_q) - i0;
+            if ((hi < r1 ? hi : r1) <= (lo > r0 ? lo : r0)) continue;  // no row of [r0, r1) sees these keys
+            const int qa = lo > r0 ? static_cast<int>(lo) / 16 * 16 : r0;
+            const int qb = (hi + 15) / 16 * 16 < r1 ? static_cast<int>((hi + 15) / 16 * 16) : r1;
+            team_gemm<ExecSpace>(team, jb - ja, qb - qa, d, kp + static_cast<long>(ja) * ldk, ldk, 1, qt + qa, ld,
+                                 st + static_cast<long>(ja) * ld + qa, ld, false);
+          }
+        } else {
+          team_gemm<ExecSpace>(team, cols8, r1 - r0, d, kp, ldk, 1, qt + r0, ld, st + r0, ld, false);
+        }
         team.team_barrier();
 
-        const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
         const int step0 = r0 / MicroTileShape<ExecSpace>::lanes;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, step0, lane_steps<ExecSpace>(r1)), [&](const int step) {
           with_host_isa([&](auto isa) KFA_SIMD_BODY {  // vectorized for the CPU's ISA (common/host_simd.hpp)
@@ -196,8 +211,20 @@ struct ForwardKernel {
           });
         });
         team.team_barrier();
-        // O[bq][d] += P[bq][bk] · V[bk][d] for rows [r0, r1), P read through the transposed Sᵀ
-        team_gemm<ExecSpace>(team, r1 - r0, d, cols, st + r0, 1, ld, vp, ldv, ot + r0 * d, d, true);
+        // O[bq][d] += P[bq][bk] · V[bk][d] for rows [r0, r1), P read through the transposed Sᵀ; on host a tile the
+        // mask cuts in strips of host_mask_strip rows, each over the keys its rows see (P is 0 elsewhere)
+        if (host && need_mask) {
+          for (int ra = r0; ra < r1; ra += host_mask_strip) {
+            const int rb = ra + host_mask_strip < r1 ? ra + host_mask_strip : r1;
+            const long ka = mask.key_begin(i0 + ra) - j0 > 0 ? mask.key_begin(i0 + ra) - j0 : 0;
+            const long kb = mask.key_end(i0 + rb) - j0 < cols ? mask.key_end(i0 + rb) - j0 : cols;
+            if (kb > ka)
+              team_gemm<ExecSpace>(team, rb - ra, d, static_cast<int>(kb - ka), st + ka * ld + ra, 1, ld, vp + ka * ldv,
+                                   ldv, ot + ra * d, d, true);
+          }
+        } else {
+          team_gemm<ExecSpace>(team, r1 - r0, d, cols, st + r0, 1, ld, vp, ldv, ot + r0 * d, d, true);
+        }
       }
     }
     team.team_barrier();
