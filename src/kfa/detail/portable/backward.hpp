@@ -202,11 +202,28 @@ struct DkDvKernel {
             drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
           });
           team.team_barrier();
-          // rows [0, rows8) and key columns [c0, c1) of S = Q·(scale·K)ᵀ and dP = dO·Vᵀ
-          team_gemm<ExecSpace>(team, rows8, nc, d, qp, ldq, 1, kt + c0, bk, s + c0, bk, false);
-          team_gemm<ExecSpace>(team, rows8, nc, d, dop, lddo, 1, vt + c0, bk, dp + c0, bk, false);
-          team.team_barrier();
+          // rows [0, rows8) and key columns [c0, c1) of S = Q·(scale·K)ᵀ and dP = dO·Vᵀ. On host a step the mask cuts
+          // (a causal diagonal, a window's edge) goes in strips of host_mask_strip rows, each over the key columns its
+          // rows see (widened to steps of 16); what is left out is masked to P = dS = 0 below.
           const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
+          if (host && need_mask) {
+            for (int ra = 0; ra < rows; ra += host_mask_strip) {
+              const int rb = ra + host_mask_strip < rows8 ? ra + host_mask_strip : rows8;
+              const long lo = mask.key_begin(i0 + ra) - j0, hi = mask.key_end(i0 + rb) - j0;  // rb: padding rows too
+              if ((hi < c1 ? hi : c1) <= (lo > c0 ? lo : c0)) continue;  // these rows see none of the columns
+              const int ka = lo > c0 ? static_cast<int>(lo) / 16 * 16 : c0;
+              const int kb = (hi + 15) / 16 * 16 < c1 ? static_cast<int>((hi + 15) / 16 * 16) : c1;
+              const long at = static_cast<long>(ra) * bk + ka;
+              team_gemm<ExecSpace>(team, rb - ra, kb - ka, d, qp + static_cast<long>(ra) * ldq, ldq, 1, kt + ka, bk,
+                                   s + at, bk, false);
+              team_gemm<ExecSpace>(team, rb - ra, kb - ka, d, dop + static_cast<long>(ra) * lddo, lddo, 1, vt + ka, bk,
+                                   dp + at, bk, false);
+            }
+          } else {
+            team_gemm<ExecSpace>(team, rows8, nc, d, qp, ldq, 1, kt + c0, bk, s + c0, bk, false);
+            team_gemm<ExecSpace>(team, rows8, nc, d, dop, lddo, 1, vt + c0, bk, dp + c0, bk, false);
+          }
+          team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows8), [&](const int r) {
             with_host_isa([&](auto isa) KFA_SIMD_BODY {
               score_to_ds(isa, mask, s + r * bk + c0, dp + r * bk + c0, lrow[r], drow[r], i0 + r, j0 + c0, cols - c0,
@@ -214,11 +231,37 @@ struct DkDvKernel {
             });
           });
           team.team_barrier();
-          team_gemm<ExecSpace>(team, nc, d, rows8, s + c0, 1, bk, dop, lddo, dva + c0 * d, d, true);  // dV += Pᵀ·dO
-          team_gemm<ExecSpace>(team, nc, d, rows8, dp + c0, 1, bk, qp, ldq, dka + c0 * d, d, true);   // dK += dSᵀ·Q
-          if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-            team_gemm<ExecSpace>(team, rows8, d, nc, dp + c0, bk, 1, krp + c0 * ldkr, ldkr, dq_row(chunk, b, i0, h),
-                                 heads_kv * group * d, true);
+          if (host && need_mask) {
+            // The products over what the mask leaves visible (P and dS are 0 elsewhere): dV and dK in strips of
+            // host_mask_strip key columns over the rows that see them, dQ in strips of rows over the keys they see.
+            for (int ka = c0; ka < c1; ka += host_mask_strip) {
+              const int kb = ka + host_mask_strip < c1 ? ka + host_mask_strip : c1;
+              const long lo = mask.query_begin(j0 + ka) - i0 > 0 ? mask.query_begin(j0 + ka) - i0 : 0;
+              const long hi = mask.query_end(j0 + kb, seq_q) - i0 < rows ? mask.query_end(j0 + kb, seq_q) - i0 : rows;
+              if (hi <= lo) continue;
+              const int n = static_cast<int>(hi - lo);
+              team_gemm<ExecSpace>(team, kb - ka, d, n, s + lo * bk + ka, 1, bk, dop + lo * lddo, lddo, dva + ka * d, d,
+                                   true);
+              team_gemm<ExecSpace>(team, kb - ka, d, n, dp + lo * bk + ka, 1, bk, qp + lo * ldq, ldq, dka + ka * d, d,
+                                   true);
+            }
+            if constexpr (FuseDq)
+              for (int ra = 0; ra < rows; ra += host_mask_strip) {
+                const int rb = ra + host_mask_strip < rows8 ? ra + host_mask_strip : rows8;
+                const long lo = mask.key_begin(i0 + ra) - j0 > c0 ? mask.key_begin(i0 + ra) - j0 : c0;
+                const long hi = mask.key_end(i0 + (rb < rows ? rb : rows)) - j0;
+                const long ke = hi < c1 ? hi : c1;
+                if (ke <= lo) continue;
+                team_gemm<ExecSpace>(team, rb - ra, d, static_cast<int>(ke - lo), dp + ra * bk + lo, bk, 1,
+                                     krp + lo * ldkr, ldkr, dq_row(chunk, b, i0 + ra, h), heads_kv * group * d, true);
+              }
+          } else {
+            team_gemm<ExecSpace>(team, nc, d, rows8, s + c0, 1, bk, dop, lddo, dva + c0 * d, d, true);  // dV += Pᵀ·dO
+            team_gemm<ExecSpace>(team, nc, d, rows8, dp + c0, 1, bk, qp, ldq, dka + c0 * d, d, true);  // dK += dSᵀ·Q
+            if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
+              team_gemm<ExecSpace>(team, rows8, d, nc, dp + c0, bk, 1, krp + c0 * ldkr, ldkr, dq_row(chunk, b, i0, h),
+                                   heads_kv * group * d, true);
+          }
         }
       }
     }
@@ -250,7 +293,7 @@ struct DkDvKernel {
         const bool vis = j >= first && j <= last;
         const Acc p = vis ? fast_exp(softcap * t - l) : Acc(0);
         srow[j] = p;
-        dprow[j] = p * (dprow[j] - dval) * (Acc(1) - t * t);
+        dprow[j] = vis ? p * (dprow[j] - dval) * (Acc(1) - t * t) : Acc(0);  // masked: 0 whatever dP held
       }
       return;
     }
@@ -258,6 +301,7 @@ struct DkDvKernel {
       for (int j = 0; j < n; ++j) {
         const bool vis = j >= first && j <= last;
         srow[j] = vis ? srow[j] : -compat::infinity<Acc>();
+        dprow[j] = vis ? dprow[j] : Acc(0);  // entries a masked strip left out hold stale values: P = dS = 0 there
       }
     }
     // The row as groups of `lanes`, then one of `tail_lanes` (tiles are multiples of 8), so the lane loops
