@@ -87,8 +87,8 @@ constexpr bool is_host_space() {
 constexpr std::size_t host_forward_stream_bytes = 136 * 1024;
 constexpr std::size_t host_backward_stream_bytes = 72 * 1024;
 constexpr int host_forward_block_q = 128;
-/// Host forward: a tile the mask cuts (a causal diagonal, a window's edge) computes its products in strips of this
-/// many keys (S) and query rows (P·V), each over the part its mask leaves visible.
+/// Host kernels: a tile the mask cuts (a causal diagonal, a window's edge) computes its products in strips of this
+/// many keys or query rows, each over the part its mask leaves visible (forward and the backward's dK/dV pass).
 constexpr int host_mask_strip = 32;
 /// Host backward: keys a dK/dV team owns at 64 < d <= 128 (64 elsewhere, and on devices). Every owned key block
 /// streams the whole query range past it (Q, dO and the dQ workspace rows), so 128 keys halve that traffic.
