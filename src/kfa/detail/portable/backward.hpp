@@ -202,9 +202,9 @@ struct DkDvKernel {
             drow[r] = in ? dd(b, h, i0 + r) : Acc(0);
           });
           team.team_barrier();
-          // rows [0, rows8) and key columns [c0, c1) of S = Q·(scale·K)ᵀ and dP = dO·Vᵀ. On host a step the mask cuts
-          // (a causal diagonal, a window's edge) goes in strips of host_mask_strip rows, each over the key columns its
-          // rows see (widened to steps of 16); what is left out is masked to P = dS = 0 below.
+          // rows [0, rows8) and key columns [c0, c1) of S = Q·(scale·K)ᵀ and dP = dO·Vᵀ. On host a step the mask
+          // cuts (a causal diagonal, a window's edge) goes in strips of host_mask_strip rows, each over the key columns
+          // its rows see (widened to steps of 16); what is left out is masked to P = dS = 0 below.
           const bool need_mask = cols < bk || !mask.all_visible(i0, i0 + rows, j0, j0 + bk);
           if (host && need_mask) {
             for (int ra = 0; ra < rows; ra += host_mask_strip) {
@@ -236,8 +236,8 @@ struct DkDvKernel {
             // host_mask_strip key columns over the rows that see them, dQ in strips of rows over the keys they see.
             for (int ka = c0; ka < c1; ka += host_mask_strip) {
               const int kb = ka + host_mask_strip < c1 ? ka + host_mask_strip : c1;
-              const long lo = mask.query_begin(j0 + ka) - i0 > 0 ? mask.query_begin(j0 + ka) - i0 : 0;
-              const long hi = mask.query_end(j0 + kb, seq_q) - i0 < rows ? mask.query_end(j0 + kb, seq_q) - i0 : rows;
+              const long seen_lo = mask.query_begin(j0 + ka) - i0, seen_hi = mask.query_end(j0 + kb, seq_q) - i0;
+              const long lo = seen_lo > 0 ? seen_lo : 0, hi = seen_hi < rows ? seen_hi : rows;
               if (hi <= lo) continue;
               const int n = static_cast<int>(hi - lo);
               team_gemm<ExecSpace>(team, kb - ka, d, n, s + lo * bk + ka, 1, bk, dop + lo * lddo, lddo, dva + ka * d, d,
@@ -248,7 +248,8 @@ struct DkDvKernel {
             if constexpr (FuseDq)
               for (int ra = 0; ra < rows; ra += host_mask_strip) {
                 const int rb = ra + host_mask_strip < rows8 ? ra + host_mask_strip : rows8;
-                const long lo = mask.key_begin(i0 + ra) - j0 > c0 ? mask.key_begin(i0 + ra) - j0 : c0;
+                const long first = mask.key_begin(i0 + ra) - j0;
+                const long lo = first > c0 ? first : c0;
                 const long hi = mask.key_end(i0 + (rb < rows ? rb : rows)) - j0;
                 const long ke = hi < c1 ? hi : c1;
                 if (ke <= lo) continue;
@@ -256,8 +257,9 @@ struct DkDvKernel {
                                      krp + lo * ldkr, ldkr, dq_row(chunk, b, i0 + ra, h), heads_kv * group * d, true);
               }
           } else {
-            team_gemm<ExecSpace>(team, nc, d, rows8, s + c0, 1, bk, dop, lddo, dva + c0 * d, d, true);  // dV += Pᵀ·dO
-            team_gemm<ExecSpace>(team, nc, d, rows8, dp + c0, 1, bk, qp, ldq, dka + c0 * d, d, true);  // dK += dSᵀ·Q
+            // dV += Pᵀ·dO, dK += dSᵀ·Q
+            team_gemm<ExecSpace>(team, nc, d, rows8, s + c0, 1, bk, dop, lddo, dva + c0 * d, d, true);
+            team_gemm<ExecSpace>(team, nc, d, rows8, dp + c0, 1, bk, qp, ldq, dka + c0 * d, d, true);
             if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
               team_gemm<ExecSpace>(team, rows8, d, nc, dp + c0, bk, 1, krp + c0 * ldkr, ldkr, dq_row(chunk, b, i0, h),
                                    heads_kv * group * d, true);

@@ -216,8 +216,8 @@ struct ForwardKernel {
         if (host && need_mask) {
           for (int ra = r0; ra < r1; ra += host_mask_strip) {
             const int rb = ra + host_mask_strip < r1 ? ra + host_mask_strip : r1;
-            const long ka = mask.key_begin(i0 + ra) - j0 > 0 ? mask.key_begin(i0 + ra) - j0 : 0;
-            const long kb = mask.key_end(i0 + rb) - j0 < cols ? mask.key_end(i0 + rb) - j0 : cols;
+            const long seen_lo = mask.key_begin(i0 + ra) - j0, seen_hi = mask.key_end(i0 + rb) - j0;
+            const long ka = seen_lo > 0 ? seen_lo : 0, kb = seen_hi < cols ? seen_hi : cols;
             if (kb > ka)
               team_gemm<ExecSpace>(team, rb - ra, d, static_cast<int>(kb - ka), st + ka * ld + ra, 1, ld, vp + ka * ldv,
                                    ldv, ot + ra * d, d, true);
