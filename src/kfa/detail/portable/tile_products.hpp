@@ -101,8 +101,15 @@ KOKKOS_INLINE_FUNCTION void micro_tile_scalar(const Acc* a, long a_rs, long a_cs
     for (int j = 0; j < RJ; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : Acc(0);
   for (int kk = 0; kk < kdim; ++kk) {
     const Acc* brow = b + static_cast<long>(kk) * ldb;
+    const Acc* acol = a + kk * a_cs;
+#if KFA_HOST_VECTOR_EXT
+    // Hide the column's address from the loop vectorizer: GCC 12.2 at -O3 (AVX2 or AVX-512 targets) vectorizes
+    // this kk loop with loads of columns kk .. kk + 3 for column kk alone, reading up to three columns of A past
+    // kdim (past the end of a tile at the end of the heap: a segmentation fault, tests/core/test_tile_products).
+    __asm__("" : "+r"(acol));
+#endif
     for (int r = 0; r < RI; ++r) {
-      const Acc av = a[r * a_rs + kk * a_cs];
+      const Acc av = acol[r * a_rs];
       for (int j = 0; j < RJ; ++j) acc[r][j] += av * brow[j];
     }
   }
