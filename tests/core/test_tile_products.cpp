@@ -94,7 +94,6 @@ void check_shape(int m, int n, int kdim, bool transposed_a, bool accumulate, std
   const Acc* ap = a.data();
   const Acc* bp = b.data();
   Acc* cp = c.data();
-  using Member = typename Kokkos::TeamPolicy<Exec>::member_type;
   Kokkos::parallel_for(Kokkos::TeamPolicy<Exec>(1, Kokkos::AUTO), [=](const Member& team) {
     if (transposed_a && accumulate) product_pv(team, m, n, kdim, ap, lda, bp, ldb, cp);
     if (transposed_a && !accumulate) product(team, m, n, kdim, ap, 1, lda, bp, ldb, cp, ldc, false);

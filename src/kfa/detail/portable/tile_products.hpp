@@ -105,7 +105,7 @@ KOKKOS_INLINE_FUNCTION void micro_tile_scalar(const Acc* a, long a_rs, long a_cs
 #if KFA_HOST_VECTOR_EXT
     // Hide the column's address from the loop vectorizer: GCC 12.2 at -O3 (AVX2 or AVX-512 targets) vectorizes
     // this kk loop with loads of columns kk .. kk + 3 for column kk alone, reading up to three columns of A past
-    // kdim (past the end of a tile at the end of the heap: a segmentation fault, tests/core/test_tile_products).
+    // kdim: a segmentation fault where the tile ends the heap (perf/raw_gcc_overread_2026-12-07 reproduces it).
     __asm__("" : "+r"(acol));
 #endif
     for (int r = 0; r < RI; ++r) {
