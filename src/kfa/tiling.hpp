@@ -124,11 +124,24 @@ inline void host_scratch_in_level1(bool host, TileConfig& t) {
 
 /// Host backward: how many chunks of key blocks the teams of one (batch, kv head) split into. Each chunk is
 /// one team and accumulates its dQ rows in its own workspace slice (chunks x dQ in the accumulation type),
-/// summed in chunk order afterwards: enough chunks that every thread of the backend gets a team, at most
-/// one per key block and at most 16 (the workspace bound). One thread (Serial) always gets one chunk.
+/// summed in chunk order afterwards. At least enough chunks that every thread of the backend gets a team, at
+/// most one per key block and at most 16 (the workspace bound); from there, up to twice as many, the fewest whose
+/// teams fill the threads' last round to 90%, else the fullest (teams do about equal work: chunk c takes key
+/// blocks c, c + chunks, ...). Three (batch, kv head) pairs on two threads took two rounds of one team each, a
+/// third of the threads idle: now 2 chunks, 6 teams. One thread (Serial) always gets one chunk.
 inline int host_backward_chunks(long concurrency, long batch_heads_kv, long n_kblocks) {
-  const long want = (concurrency + batch_heads_kv - 1) / std::max<long>(1, batch_heads_kv);
-  return static_cast<int>(std::max<long>(1, std::min<long>({want, n_kblocks, 16})));
+  const long threads = std::max<long>(1, concurrency), pairs = std::max<long>(1, batch_heads_kv);
+  const long most = std::max<long>(1, std::min<long>(n_kblocks, 16));
+  const long first = std::min<long>(most, (threads + pairs - 1) / pairs);
+  long best = first;
+  double best_fill = 0;
+  for (long c = first; c <= std::min<long>(most, 2 * first); ++c) {
+    const long teams = pairs * c, rounds = (teams + threads - 1) / threads;
+    const double fill = static_cast<double>(teams) / static_cast<double>(rounds * threads);
+    if (fill > best_fill) best = c, best_fill = fill;
+    if (fill >= 0.9) break;
+  }
+  return static_cast<int>(best);
 }
 
 }  // namespace detail

@@ -2,6 +2,8 @@
 // central finite differences, and the library's own properties: determinism, masks, GQA, layouts, errors.
 #include <kfa/detail/dispatch.hpp>
 
+#include <algorithm>
+
 #include "../common/kfa_test.hpp"
 
 using namespace kfa_test;
@@ -252,6 +254,28 @@ TYPED_TEST(Backward, HostDqChunks) {
       }
     }
   }
+}
+
+// The host backward's chunk count (tiling.hpp): one on one thread; every thread a team; teams that fill the
+// threads' last round where up to twice the chunks allow it; never more chunks than key blocks, nor 16.
+TEST(BackwardChunks, FillTheThreads) {
+  using kfa::detail::host_backward_chunks;
+  for (long pairs : {1L, 2L, 3L, 7L, 64L})
+    for (long blocks : {1L, 5L, 32L}) EXPECT_EQ(host_backward_chunks(1, pairs, blocks), 1) << pairs << " " << blocks;
+  EXPECT_EQ(host_backward_chunks(2, 2, 32), 1);    // 2 teams on 2 threads
+  EXPECT_EQ(host_backward_chunks(2, 1, 32), 2);    // every thread a team
+  EXPECT_EQ(host_backward_chunks(2, 3, 32), 2);    // 3 teams would leave a thread idle for a round: 6
+  EXPECT_EQ(host_backward_chunks(2, 3, 1), 1);     // one key block: one chunk
+  EXPECT_EQ(host_backward_chunks(16, 3, 64), 10);  // 30 teams of 32 slots (6 chunks: 18 of 32)
+  EXPECT_EQ(host_backward_chunks(64, 4, 64), 16);  // the workspace bound
+  for (long threads = 1; threads <= 64; ++threads)
+    for (long pairs = 1; pairs <= 40; ++pairs)
+      for (long blocks : {1L, 3L, 16L, 100L}) {
+        const long c = host_backward_chunks(threads, pairs, blocks);
+        const long want = std::min<long>({(threads + pairs - 1) / pairs, blocks, 16L});
+        ASSERT_GE(c, want) << threads << " " << pairs << " " << blocks;
+        ASSERT_LE(c, std::min<long>({2 * want, blocks, 16L})) << threads << " " << pairs << " " << blocks;
+      }
 }
 
 #if KFA_HAVE_KOKKOS_KERNELS  // kfa::reference_attention_backward needs Kokkos Kernels

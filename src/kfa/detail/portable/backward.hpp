@@ -43,7 +43,7 @@ struct DkDvKernel {
   using DVV = typename Args::dv_type;
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
-  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using member_type = typename team_policy<ExecSpace>::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
   static constexpr bool direct_types = MicroTileShape<ExecSpace>::host &&
@@ -337,7 +337,7 @@ struct DqKernel {
   using DQV = typename Args::dq_type;
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
-  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using member_type = typename team_policy<ExecSpace>::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
 

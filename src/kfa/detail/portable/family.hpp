@@ -43,7 +43,7 @@ struct PortableForwardFamily {  // every backend and element type: Kokkos team k
     const int league =
         checked_league(c.fn, "batch * heads_q * query blocks",
                        static_cast<long>(c.q.extent(0)) * static_cast<long>(c.q.extent(2)) * kernel.n_qblocks);
-    Kokkos::TeamPolicy<ExecSpace> policy(c.space, league, tiles.team_size);
+    team_policy<ExecSpace> policy(c.space, league, tiles.team_size);
     policy.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0))
         .set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
     Kokkos::parallel_for("kfa::attention_forward", policy, kernel);
@@ -95,7 +95,7 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
       const K1 k1(args, tiles.dkdv);
       const int league = checked_league(c.fn, "batch * heads_kv * key blocks",
                                         batch * static_cast<long>(c.k.extent(2)) * k1.n_kblocks);
-      Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.dkdv.team_size);
+      team_policy<ExecSpace> p1(c.space, league, tiles.dkdv.team_size);
       p1.set_scratch_size(0, Kokkos::PerTeam(tiles.dkdv.scratch_l0))
           .set_scratch_size(1, Kokkos::PerTeam(tiles.dkdv.scratch_l1));
       Kokkos::parallel_for("kfa::attention_backward::dkdv", p1, k1);
@@ -105,7 +105,7 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
       const K2 k2(args, tiles.dq);
       const int league = checked_league(c.fn, "batch * heads_q * query blocks",
                                         batch * static_cast<long>(c.q.extent(2)) * k2.n_qblocks);
-      Kokkos::TeamPolicy<ExecSpace> p2(c.space, league, tiles.dq.team_size);
+      team_policy<ExecSpace> p2(c.space, league, tiles.dq.team_size);
       p2.set_scratch_size(0, Kokkos::PerTeam(tiles.dq.scratch_l0))
           .set_scratch_size(1, Kokkos::PerTeam(tiles.dq.scratch_l1));
       Kokkos::parallel_for("kfa::attention_backward::dq", p2, k2);
@@ -126,7 +126,7 @@ struct PortableBackwardFamily {  // every backend and element type: Kokkos team 
     k1.dq_ws = ws.data();
     k1.write_dkdv = parts != BackwardParts::dq;
     const int league = checked_league(c.fn, "batch * heads_kv * dQ chunks", k1.league());
-    Kokkos::TeamPolicy<ExecSpace> p1(c.space, league, tiles.team_size);
+    team_policy<ExecSpace> p1(c.space, league, tiles.team_size);
     p1.set_scratch_size(0, Kokkos::PerTeam(tiles.scratch_l0)).set_scratch_size(1, Kokkos::PerTeam(tiles.scratch_l1));
     Kokkos::parallel_for("kfa::attention_backward::dkdv_dq", p1, k1);
     using Sum = DqChunkSum<ExecSpace, typename A::dq_type, Acc>;

@@ -27,7 +27,7 @@ struct ForwardKernel {
   using T = typename QV::non_const_value_type;
   using Acc = accumulator_t<T>;
   using OutT = typename OV::non_const_value_type;  // T, or Acc for the ring layer's partials
-  using policy_type = Kokkos::TeamPolicy<ExecSpace>;
+  using policy_type = team_policy<ExecSpace>;
   using member_type = typename policy_type::member_type;
   using ScratchBuf = Kokkos::View<Acc*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   static constexpr int stream_level = stream_scratch_level<ExecSpace>();  // where the streamed tiles live
