@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   std::vector<int> ns{512, 1024, 2048, 4096, 8192, 16384}, ds{64, 128};
   int heads = 4, reps = 3, ref_max_n = 8192, gemm_n = 2048;
   bool markdown = false;
+  std::string layout = "bnhd";
   CLI::App app{
       "kfa forward+backward benchmark: kfa vs the materialized reference, with the KokkosBlas::gemm "
       "ceiling of the same run (Kokkos options: --kokkos-*)",
@@ -38,14 +39,16 @@ int main(int argc, char** argv) {
       ->check(nonnegative_int())
       ->capture_default_str();
   app.add_flag("--markdown", markdown, "print a Markdown table");
+  add_layout_option(app, layout);
   const int parsed = parse_command_line(app, argc, argv);
   if (parsed >= 0) return parsed;
   Kokkos::ScopeGuard guard(argc, argv);
   return report_errors("kfa_bench_backward", [&] {
     track_memory(true);
     const double ceiling = gemm_ceiling(gemm_n, reps);
-    std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
-                kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(), heads);
+    std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d, layout %s\n",
+                KFA_VERSION_STRING, kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(),
+                heads, layout.c_str());
     if (ceiling > 0)
       std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
                   loaded_blas().c_str());
@@ -67,48 +70,55 @@ int main(int argc, char** argv) {
     for (int d : ds)
       for (int n : ns)
         for (bool causal : {false, true}) {
-          using V4 = Kokkos::View<float****, Mem>;
-          V4 q("bench::q", 1, n, heads, d), k("bench::k", 1, n, heads, d), v("bench::v", 1, n, heads, d),
-              o("bench::o", 1, n, heads, d), d_o("bench::do", 1, n, heads, d), dq("bench::dq", 1, n, heads, d),
-              dk("bench::dk", 1, n, heads, d), dv("bench::dv", 1, n, heads, d);
-          Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
-          Kokkos::Random_XorShift64_Pool<Exec> pool(n * 131 + d);
-          for (const V4* x : {&q, &k, &v, &d_o}) Kokkos::fill_random(*x, pool, -1.0f, 1.0f);
-          kfa::AttentionOptions opts;
-          opts.causal = causal;
-          const double fwd_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0), bwd_flops = 2.5 * fwd_flops;
-          const int r = bwd_flops > 4e11 ? 1 : reps;
-          kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up (and o, lse for the backward)
-          kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
-          reset_peak();
-          const double tf = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
-          const double tb =
-              median_seconds(r, [&] { kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
-          const double mem_k = peak_mib();
-          double trf = 0, trb = 0, mem_r = 0;
-#if KFA_HAVE_KOKKOS_KERNELS  // the materialized reference needs Kokkos Kernels
-          if (n <= ref_max_n) {
+          auto run = [&](auto make) {
+            using V4 = decltype(make(""));
+            V4 q = make("bench::q"), k = make("bench::k"), v = make("bench::v"), o = make("bench::o"),
+               d_o = make("bench::do"), dq = make("bench::dq"), dk = make("bench::dk"), dv = make("bench::dv");
+            Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
+            Kokkos::Random_XorShift64_Pool<Exec> pool(n * 131 + d);
+            for (const V4* x : {&q, &k, &v, &d_o}) Kokkos::fill_random(*x, pool, -1.0f, 1.0f);
+            kfa::AttentionOptions opts;
+            opts.causal = causal;
+            const double fwd_flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0),
+                         bwd_flops = 2.5 * fwd_flops;
+            const int r = bwd_flops > 4e11 ? 1 : reps;
+            kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up (and o, lse for the backward)
+            kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts);
             reset_peak();
-            trf = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
-            trb = median_seconds(
-                1, [&] { kfa::reference_attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
-            mem_r = peak_mib();
-          }
+            const double tf = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
+            const double tb =
+                median_seconds(r, [&] { kfa::attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
+            const double mem_k = peak_mib();
+            double trf = 0, trb = 0, mem_r = 0;
+#if KFA_HAVE_KOKKOS_KERNELS  // the materialized reference needs Kokkos Kernels
+            if (n <= ref_max_n) {
+              reset_peak();
+              trf = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
+              trb = median_seconds(
+                  1, [&] { kfa::reference_attention_backward(Exec(), q, k, v, o, d_o, lse, dq, dk, dv, opts); });
+              mem_r = peak_mib();
+            }
 #endif
-          const std::string tiles = kfa::to_string(kfa::backward_tile_config(Exec(), q, k, opts));
-          const double gb = bwd_flops / tb * 1e-9, gfb = (fwd_flops + bwd_flops) / (tf + tb) * 1e-9;
-          const double xb = trb > 0 ? trb / tb : 0, xfb = trb > 0 ? (trf + trb) / (tf + tb) : 0;
-          const double pb = peak > 0 ? gb / peak : 0;
-          if (markdown)
-            std::printf(
-                "| %d | %d | %s | %s | %.4f | %.4f | %.1f | %.2f | %.2f | %.1f | %.4f | %.2f | %.2f | %.1f | %.1f |\n",
-                n, d, causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, (ceiling > 0 ? gb / ceiling : 0.0), pb, gfb,
-                trb, xb, xfb, mem_k, mem_r);
+            const std::string tiles = kfa::to_string(kfa::backward_tile_config(Exec(), q, k, opts));
+            const double gb = bwd_flops / tb * 1e-9, gfb = (fwd_flops + bwd_flops) / (tf + tb) * 1e-9;
+            const double xb = trb > 0 ? trb / tb : 0, xfb = trb > 0 ? (trf + trb) / (tf + tb) : 0;
+            const double pb = peak > 0 ? gb / peak : 0;
+            if (markdown)
+              std::printf(
+                  "| %d | %d | %s | %s | %.4f | %.4f | %.1f | %.2f | %.2f | %.1f | %.4f | %.2f | %.2f | %.1f | %.1f "
+                  "|\n",
+                  n, d, causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, (ceiling > 0 ? gb / ceiling : 0.0), pb, gfb,
+                  trb, xb, xfb, mem_k, mem_r);
+            else
+              std::printf("%6d %4d %6s %28s %9.4f %9.4f %8.1f %6.2f %6.2f %9.1f %9.4f %7.2f %7.2f %8.1f %8.1f\n", n, d,
+                          causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, (ceiling > 0 ? gb / ceiling : 0.0), pb, gfb,
+                          trb, xb, xfb, mem_k, mem_r);
+            std::fflush(stdout);
+          };
+          if (layout == "bhnd")
+            run([&](const char* label) { return per_head_tensor(label, n, heads, d); });
           else
-            std::printf("%6d %4d %6s %28s %9.4f %9.4f %8.1f %6.2f %6.2f %9.1f %9.4f %7.2f %7.2f %8.1f %8.1f\n", n, d,
-                        causal ? "yes" : "no", tiles.c_str(), tf, tb, gb, (ceiling > 0 ? gb / ceiling : 0.0), pb, gfb,
-                        trb, xb, xfb, mem_k, mem_r);
-          std::fflush(stdout);
+            run([&](const char* label) { return Kokkos::View<float****, Mem>(std::string(label), 1, n, heads, d); });
         }
     track_memory(false);
     return 0;

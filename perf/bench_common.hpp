@@ -57,6 +57,22 @@ inline double peak_mib() {
 // parse_command_line).
 using namespace kfa_cli;
 
+// The benchmarks' rank-4 tensors [batch, seq, heads, d] in memory order `bnhd` (a LayoutRight View: the heads of a
+// position side by side, as a model's projections give them) or `bhnd` (each head's rows contiguous, as PyTorch's
+// SDPA takes them: a LayoutStride View with the same indices). perf/cpu_peer.py gives PyTorch the same memory.
+inline Kokkos::View<float****, Kokkos::LayoutStride, Mem> per_head_tensor(const std::string& label, int n, int heads,
+                                                                          int d) {
+  const std::size_t N = static_cast<std::size_t>(n), H = static_cast<std::size_t>(heads),
+                    D = static_cast<std::size_t>(d);
+  return Kokkos::View<float****, Kokkos::LayoutStride, Mem>(label,
+                                                            Kokkos::LayoutStride(1, H * N * D, N, D, H, N * D, D, 1));
+}
+inline void add_layout_option(CLI::App& app, std::string& layout) {
+  app.add_option("--layout", layout, "memory order of the [batch, seq, heads, d] tensors: bnhd or bhnd")
+      ->check(CLI::IsMember({"bnhd", "bhnd"}))
+      ->capture_default_str();
+}
+
 // Runs `body` (after Kokkos is up), turning what it throws into a message and an exit status instead of an
 // abort: 2 for a kfa::Error (arguments kfa refuses: an unsupported head dim, ...), 1 for anything else
 // (an allocation that failed: sizes beyond the device's memory).

@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
   std::vector<int> ns{512, 1024, 2048, 4096, 8192, 16384}, ds{64, 128};
   int heads = 4, reps = 3, ref_max_n = 16384, gemm_n = 2048;
   bool no_reference = false, markdown = false, run_guard = false;
+  std::string layout = "bnhd";
   double guard_ratio = 5.0;
   CLI::App app{
       "kfa forward benchmark: kfa::attention_forward vs the materialized reference, with the "
@@ -113,6 +114,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-reference", no_reference, "do not time the reference");
   app.add_flag("--markdown", markdown, "print a Markdown table");
+  add_layout_option(app, layout);
   app.add_flag("--guard", run_guard,
                "the speed guard: kfa vs a scalar triple loop at N=2048, d=128; exit 1 when too slow");
   app.add_option("--guard-ratio", guard_ratio, "speed-up --guard requires")
@@ -127,8 +129,9 @@ int main(int argc, char** argv) {
     track_memory(true);
 
     const double ceiling = gemm_ceiling(gemm_n, reps);
-    std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d\n", KFA_VERSION_STRING,
-                kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(), heads);
+    std::printf("# kfa %s, Kokkos %s, backend %s, concurrency %d, float, batch 1, heads %d, layout %s\n",
+                KFA_VERSION_STRING, kfa::compat::kokkos_version_string().c_str(), Exec::name(), Exec().concurrency(),
+                heads, layout.c_str());
     if (ceiling > 0)
       std::printf("# GEMM ceiling: KokkosBlas::gemm float %d^3: %.1f GFLOP/s (BLAS: %s)\n", gemm_n, ceiling,
                   loaded_blas().c_str());
@@ -151,40 +154,48 @@ int main(int argc, char** argv) {
     for (int d : ds)
       for (int n : ns)
         for (bool causal : {false, true}) {
-          Kokkos::View<float****, Mem> q("bench::q", 1, n, heads, d), k("bench::k", 1, n, heads, d),
-              v("bench::v", 1, n, heads, d), o("bench::o", 1, n, heads, d);
-          Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
-          Kokkos::Random_XorShift64_Pool<Exec> pool(n * 131 + d);
-          Kokkos::fill_random(q, pool, -1.0f, 1.0f);
-          Kokkos::fill_random(k, pool, -1.0f, 1.0f);
-          Kokkos::fill_random(v, pool, -1.0f, 1.0f);
-          kfa::AttentionOptions opts;
-          opts.causal = causal;
-          const double flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0);
-          const int r = flops > 2e11 ? 1 : reps;
-          kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up
-          reset_peak();
-          const double tk = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
-          const double mem_k = peak_mib();
-          double tr = 0, mem_r = 0;
-#if KFA_HAVE_KOKKOS_KERNELS  // the materialized reference needs Kokkos Kernels
-          if (reference && n <= ref_max_n) {
+          auto run = [&](auto q, auto k, auto v, auto o) {
+            Kokkos::View<float***, Mem> lse("bench::lse", 1, heads, n);
+            Kokkos::Random_XorShift64_Pool<Exec> pool(n * 131 + d);
+            Kokkos::fill_random(q, pool, -1.0f, 1.0f);
+            Kokkos::fill_random(k, pool, -1.0f, 1.0f);
+            Kokkos::fill_random(v, pool, -1.0f, 1.0f);
+            kfa::AttentionOptions opts;
+            opts.causal = causal;
+            const double flops = 4.0 * heads * double(n) * n * d * (causal ? 0.5 : 1.0);
+            const int r = flops > 2e11 ? 1 : reps;
+            kfa::attention_forward(Exec(), q, k, v, o, lse, opts);  // warm-up
             reset_peak();
-            tr = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
-            mem_r = peak_mib();
-          }
+            const double tk = median_seconds(r, [&] { kfa::attention_forward(Exec(), q, k, v, o, lse, opts); });
+            const double mem_k = peak_mib();
+            double tr = 0, mem_r = 0;
+#if KFA_HAVE_KOKKOS_KERNELS  // the materialized reference needs Kokkos Kernels
+            if (reference && n <= ref_max_n) {
+              reset_peak();
+              tr = median_seconds(1, [&] { kfa::reference_attention(Exec(), q, k, v, o, lse, opts); });
+              mem_r = peak_mib();
+            }
 #endif
-          const std::string tiles = kfa::to_string(kfa::forward_tile_config(Exec(), q, k, opts));
-          const double gk = flops / tk * 1e-9, gr = tr > 0 ? flops / tr * 1e-9 : 0;
-          if (markdown)
-            std::printf("| %d | %d | %s | %s | %.4f | %.1f | %.2f | %.2f | %.4f | %.1f | %.2f | %.1f | %.1f |\n", n, d,
-                        causal ? "yes" : "no", tiles.c_str(), tk, gk, (ceiling > 0 ? gk / ceiling : 0.0),
-                        peak > 0 ? gk / peak : 0.0, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k, mem_r);
+            const std::string tiles = kfa::to_string(kfa::forward_tile_config(Exec(), q, k, opts));
+            const double gk = flops / tk * 1e-9, gr = tr > 0 ? flops / tr * 1e-9 : 0;
+            if (markdown)
+              std::printf("| %d | %d | %s | %s | %.4f | %.1f | %.2f | %.2f | %.4f | %.1f | %.2f | %.1f | %.1f |\n", n,
+                          d, causal ? "yes" : "no", tiles.c_str(), tk, gk, (ceiling > 0 ? gk / ceiling : 0.0),
+                          peak > 0 ? gk / peak : 0.0, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k, mem_r);
+            else
+              std::printf("%6d %4d %6s %10s %9.4f %10.1f %6.2f %6.2f %9.4f %10.1f %7.2f %10.1f %10.1f\n", n, d,
+                          causal ? "yes" : "no", tiles.c_str(), tk, gk, (ceiling > 0 ? gk / ceiling : 0.0),
+                          peak > 0 ? gk / peak : 0.0, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k, mem_r);
+            std::fflush(stdout);
+          };
+          if (layout == "bhnd")
+            run(per_head_tensor("bench::q", n, heads, d), per_head_tensor("bench::k", n, heads, d),
+                per_head_tensor("bench::v", n, heads, d), per_head_tensor("bench::o", n, heads, d));
           else
-            std::printf("%6d %4d %6s %10s %9.4f %10.1f %6.2f %6.2f %9.4f %10.1f %7.2f %10.1f %10.1f\n", n, d,
-                        causal ? "yes" : "no", tiles.c_str(), tk, gk, (ceiling > 0 ? gk / ceiling : 0.0),
-                        peak > 0 ? gk / peak : 0.0, tr, gr, tr > 0 ? tr / tk : 0.0, mem_k, mem_r);
-          std::fflush(stdout);
+            run(Kokkos::View<float****, Mem>("bench::q", 1, n, heads, d),
+                Kokkos::View<float****, Mem>("bench::k", 1, n, heads, d),
+                Kokkos::View<float****, Mem>("bench::v", 1, n, heads, d),
+                Kokkos::View<float****, Mem>("bench::o", 1, n, heads, d));
         }
     track_memory(false);
     return 0;

@@ -3,15 +3,18 @@
 threads, forward and backward, each also as a fraction of the core's measured FP32 FMA peak.
 
     python3 perf/cpu_peer.py --build build [--n 2048,4096,8192] [--d 64,128] [--heads 2] [--threads 1]
-                             [--rounds 2] [--reps 3] [--cpus 0] [--isa avx2] [--markdown]
+                             [--rounds 2] [--reps 3] [--cpus 0] [--isa avx2] [--layout bnhd|bhnd] [--markdown]
 
 Each round runs, for every head dim, kfa_bench_forward, then PyTorch (forward, forward+backward), then
 kfa_bench_backward (the kfa programs of --build, whose header gives the Kokkos backend, the SIMD level and the
 measured FMA peak), all pinned to the same CPUs (--cpus, a taskset list; default the first --threads CPUs).
 The table gives per case the median over rounds of each side's median over --reps. FLOPs as kfa's benchmarks
 count them: forward 4·H·N²·d (halved for causal), backward alone 2.5× that (PyTorch's backward alone is its
-forward+backward time less its forward time). Shapes: float32, batch 1, H heads, seq_q = seq_k = N; PyTorch
-takes its own [batch, heads, N, d] layout, kfa [batch, N, heads, d].
+forward+backward time less its forward time). Shapes: float32, batch 1, H heads, seq_q = seq_k = N. Both sides
+read tensors in the same memory order (--layout): bnhd (default) puts the heads of a position side by side, as a
+model's projections give them (kfa: a LayoutRight [batch, N, heads, d] View; PyTorch: a transposed view of such a
+tensor), bhnd makes each head's rows contiguous (PyTorch's own [batch, heads, N, d]; kfa: a LayoutStride View).
+Until 2026-12-07 PyTorch always read bhnd and kfa bnhd; at d = 64, N = 8192 bnhd costs both sides 7-15% on a Zen 4.
 
 --isa avx2 holds both sides to AVX2: kfa through KFA_HOST_ISA=avx2, PyTorch through ATEN_CPU_CAPABILITY=avx2 (its
 own kernels) and MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2 (the GEMM libraries its CPU flash kernel
@@ -39,9 +42,12 @@ def run_kfa(prog, args, cpus, threads):
     return header, rows
 
 
-def torch_case(torch, F, n, d, heads, causal, reps):
+def torch_case(torch, F, n, d, heads, causal, reps, layout):
     g = torch.Generator().manual_seed(n * 131 + d)
-    q, k, v, do = (torch.rand(1, heads, n, d, generator=g) * 2 - 1 for _ in range(4))
+    if layout == "bhnd":
+        q, k, v, do = (torch.rand(1, heads, n, d, generator=g) * 2 - 1 for _ in range(4))
+    else:  # [batch, N, heads, d] memory seen as [batch, heads, N, d]
+        q, k, v, do = ((torch.rand(1, n, heads, d, generator=g) * 2 - 1).transpose(1, 2) for _ in range(4))
 
     def median(fn):
         fn()
@@ -54,7 +60,7 @@ def torch_case(torch, F, n, d, heads, causal, reps):
 
     with torch.no_grad():
         tf = median(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    qg, kg, vg = (t.detach().clone(memory_format=torch.preserve_format).requires_grad_(True) for t in (q, k, v))
 
     def fwdbwd():
         o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
@@ -77,6 +83,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: hold kfa and PyTorch (ATen, MKL, oneDNN) to AVX2")
+    ap.add_argument("--layout", choices=["bnhd", "bhnd"], default="bnhd",
+                    help="memory order of both sides' tensors (see above)")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     if a.isa == "avx2":  # before PyTorch is imported, and inherited by the kfa programs
@@ -97,7 +105,7 @@ def main():
     os.sched_setaffinity(0, {int(c) for part in cpus.split(",") for c in (
         range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [int(part)])})
     common = ["--n", a.n, "--heads", str(a.heads), "--reps", str(a.reps), "--reference-max-n", "0",
-              "--gemm-n", "256"]
+              "--gemm-n", "256", "--layout", a.layout]
     ns = [int(x) for x in a.n.split(",")]
     res = {}  # (d, n, causal) -> lists of kfa fwd s, kfa bwd s, torch fwd s, torch bwd s
     header = []
@@ -113,7 +121,7 @@ def main():
                 res.setdefault((d, int(row[0]), row[2] == "yes"), [[], [], [], []])[0].append(float(row[4]))
             for n in ns:
                 for causal in (False, True):
-                    tf, tb = torch_case(torch, F, n, d, a.heads, causal, a.reps)
+                    tf, tb = torch_case(torch, F, n, d, a.heads, causal, a.reps, a.layout)
                     res[(d, n, causal)][2].append(tf)
                     res[(d, n, causal)][3].append(tb)
             _, rows = run_kfa(bwd_prog, common + ["--d", str(d)], cpus, a.threads)
@@ -122,7 +130,7 @@ def main():
     print("\n".join(header))
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}" + (", MKL and oneDNN held to AVX2" if a.isa == "avx2" else "") +
-          f"; CPUs {cpus}; rounds {a.rounds}, reps {a.reps}")
+          f"; CPUs {cpus}; rounds {a.rounds}, reps {a.reps}; both sides' tensors in {a.layout} memory order")
     cols = ["d", "N", "causal", "kfa fwd", "torch fwd", "fwd ratio", "kfa fwd/peak", "kfa bwd", "torch bwd",
             "bwd ratio", "kfa bwd/peak", "kfa f+b", "torch f+b", "f+b ratio"]
     if a.markdown:
