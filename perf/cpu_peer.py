@@ -14,7 +14,7 @@ forward+backward time less its forward time). Shapes: float32, batch 1, H heads,
 read tensors in the same memory order (--layout): bnhd (default) puts the heads of a position side by side, as a
 model's projections give them (kfa: a LayoutRight [batch, N, heads, d] View; PyTorch: a transposed view of such a
 tensor), bhnd makes each head's rows contiguous (PyTorch's own [batch, heads, N, d]; kfa: a LayoutStride View).
-Until 2026-12-07 PyTorch always read bhnd and kfa bnhd; at d = 64, N = 8192 bnhd costs both sides 7-15% on a Zen 4.
+Until 2026-12-07 PyTorch always read bhnd and kfa bnhd; at d = 64, N = 8192 bnhd costs both sides 5-13% on a Zen 4.
 
 --isa avx2 holds both sides to AVX2: kfa through KFA_HOST_ISA=avx2, PyTorch through ATEN_CPU_CAPABILITY=avx2 (its
 own kernels) and MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2 (the GEMM libraries its CPU flash kernel
