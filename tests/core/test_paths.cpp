@@ -8,6 +8,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace kfa_test;
 
@@ -489,10 +492,11 @@ TEST(Paths, BlockOrderTakesEveryBlockOnce) {
   const kfa::detail::QueryBlock next_q(1, o, 3, 1, 64, 200);
   EXPECT_EQ(next_q.h, 1);
   EXPECT_EQ(next_q.i0, 192);
-  const kfa::detail::KeyBlock first_k(o.league() - 1, o, 3);
+  const kfa::detail::KeyBlock first_k(o.league() - 1, o, 3, 64, 200);
   EXPECT_EQ(first_k.b, 1);
   EXPECT_EQ(first_k.hk, 2);
-  EXPECT_EQ(first_k.kb, 3);
+  EXPECT_EQ(first_k.k0, 192);
+  EXPECT_EQ(first_k.keys, 8);
   // Without a row-dependent mask one pair after the other; under one, the pairs whose blocks fill the SMs once
   // (rounded), never more than there are, never fewer than one.
   const kfa::detail::KeyMask none(4096, 4096, false, -1, -1), causal(4096, 4096, true, -1, -1);
@@ -505,6 +509,64 @@ TEST(Paths, BlockOrderTakesEveryBlockOnce) {
   EXPECT_EQ(c.blocks, 2);
   EXPECT_EQ(c.pairs, 2);
   EXPECT_EQ(c.section, 2);
+}
+
+// With documents the blocks follow them (cuda/block_order.hpp): over every league rank of a launch, each row of
+// the launch is in exactly one block of each pair, every block lies inside one document and holds at most a
+// block's rows, and at most one block per document is empty; for a whole packed batch and for windows of it (a
+// ring shard's rows, documents cut at both ends), for empty documents, lengths off the tile grid and one long one.
+TEST(Paths, DocumentAlignedBlocks) {
+  const std::vector<std::vector<int>> length_sets = {{2451, 387, 1770, 0, 205, 64, 1, 128, 129, 6985, 0, 88},
+                                                     {5},
+                                                     {0, 300, 0},
+                                                     {128, 128, 128},
+                                                     {1, 1, 1, 1, 1, 1, 1}};
+  for (const auto& lengths : length_sets) {
+    std::vector<int> cu(1, 0);
+    for (int len : lengths) cu.push_back(cu.back() + len);
+    const int total = cu.back(), docs = static_cast<int>(lengths.size());
+    kfa::detail::Positions pos;
+    pos.docs = kfa::detail::Documents{cu.data(), cu.data(), docs, 0};
+    for (int size : {64, 128, 192})
+      for (const auto& window : std::vector<std::pair<int, int>>{{0, total}, {total / 3, total / 2}, {1, total - 1}}) {
+        const int begin = window.first, extent = window.second - window.first;
+        if (extent <= 0) continue;
+        pos.q_begin = pos.k_begin = begin;
+        pos.q_total = pos.k_total = total;
+        const kfa::detail::KeyMask mask(extent, extent, pos, true, -1, -1);
+        const kfa::detail::BlockOrder qo = kfa::detail::query_block_order(1, extent, 2, size, mask, 132);
+        const kfa::detail::BlockOrder ko = kfa::detail::key_block_order(1, extent, 2, size, mask, 132);
+        EXPECT_EQ(qo.blocks, extent / size + docs);
+        for (const kfa::detail::BlockOrder* o : {&qo, &ko}) {
+          std::vector<int> seen(2 * static_cast<std::size_t>(extent), 0);
+          int empty = 0;
+          for (int r = 0; r < o->league(); ++r) {
+            int pair, first, count;
+            if (o == &qo) {
+              const kfa::detail::QueryBlock q(r, *o, 2, 1, size, extent);
+              pair = q.h, first = q.i0, count = q.rows;
+            } else {
+              const kfa::detail::KeyBlock k(r, *o, 2, size, extent);
+              pair = k.hk, first = k.k0, count = k.keys;
+            }
+            const std::string what = "lengths " + std::to_string(docs) + " size " + std::to_string(size) + " begin " +
+                                     std::to_string(begin) + " r " + std::to_string(r);
+            if (count <= 0) {
+              ++empty;
+              continue;
+            }
+            ASSERT_LE(count, size) << what;
+            ASSERT_TRUE(first >= 0 && first + count <= extent) << what << " first " << first << " count " << count;
+            const int s = mask.document_of(cu.data(), begin + first);
+            EXPECT_LE(begin + first + count, cu[static_cast<std::size_t>(s) + 1]) << what << " straddles";
+            for (int i = first; i < first + count; ++i) ++seen[static_cast<std::size_t>(pair) * extent + i];
+          }
+          EXPECT_LE(empty, 2 * (docs + 1)) << "size " << size;
+          for (std::size_t i = 0; i < seen.size(); ++i)
+            ASSERT_EQ(seen[i], 1) << "row " << i % extent << " size " << size;
+        }
+      }
+  }
 }
 
 TEST(Paths, NamesOfPaths) {

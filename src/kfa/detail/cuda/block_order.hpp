@@ -44,10 +44,24 @@ inline int cuda_sm_count() {
 /// The order of a launch of pairs × blocks blocks (league rank r): `section` pairs at a time, and in a
 /// section rank 0 (the block with the most work) of each pair first, then rank 1, ... With section = 1 the
 /// pairs go one after the other, each from rank 0.
+///
+/// With documents (variable-length batches, a ring's sharded documents) the blocks of a pair follow the
+/// documents instead of a fixed grid: each block holds rows (or keys) of one document only, so no block runs
+/// a pass per document it straddles, and a document's last block is its only partial one. Document s's
+/// blocks are the grid's indices [f(s), f(s + 1)) with f(s) = p(s) / size + s, p(s) its first row here
+/// (clamped to [0, extent]): f(s + 1) − f(s), the grid cells its rows touch or one more, is at least the
+/// blocks the document needs, so the kernels find their block from the document bounds alone (a binary search,
+/// no table to build or keep) and the few indices a document does not need are empty blocks (rows ≤ 0) that
+/// return at once: at most two per document, extent / size + documents blocks per pair in all.
 struct BlockOrder {
   int blocks = 0;   // blocks per pair
   int pairs = 0;    // (batch, head) pairs
   int section = 1;  // pairs whose blocks interleave
+  // With documents: their bounds (count + 1 prefix sums, packed positions), this launch's first position in
+  // them (a ring shard's place), its rows (or keys) and the rows (keys) per block.
+  const int* bounds = nullptr;
+  int docs = 0, extent = 0, size = 0;
+  long begin = 0;
 
   BlockOrder() = default;
   /// pairs · blocks blocks on a device of `sms` SMs; the mask says whether their work differs by block.
@@ -59,6 +73,13 @@ struct BlockOrder {
     const bool uniform = mask.base.left < 0 && mask.base.right < 0;
     if (!uniform && blocks > 0 && sms > 0)
       section = static_cast<int>(std::max(1L, std::min<long>(pairs, (sms + blocks / 2) / blocks)));
+  }
+  /// The same over `extent` rows (keys) in blocks of `size`, aligned to the documents of `bounds` (see above)
+  /// when there are any (`docs` > 0), else on the fixed grid.
+  BlockOrder(long extent_, int size_, long pairs_, const KeyMask& mask, const int* bounds_, int docs_, long begin_,
+             int sms)
+      : BlockOrder(docs_ > 0 ? extent_ / size_ + docs_ : (extent_ + size_ - 1) / size_, pairs_, mask, sms) {
+    if (docs_ > 0) bounds = bounds_, docs = docs_, extent = static_cast<int>(extent_), size = size_, begin = begin_;
   }
   /// The blocks of the launch (native_launch checks it fits an int).
   long league() const { return static_cast<long>(pairs) * blocks; }
@@ -75,10 +96,39 @@ struct BlockOrder {
     rank = static_cast<int>(rk);
     pair = static_cast<int>(first + in - rk * here);
   }
+
+  /// The rows (keys) of grid index v of a pair: [first, first + count), count ≤ 0 for an empty block; with
+  /// `block` rows (keys) per block over `extent` on the fixed grid, else the documents' (see above).
+  KOKKOS_INLINE_FUNCTION void span(int v, int block, int extent_, int& first, int& count) const {
+    if (docs == 0) {
+      first = v * block;
+      count = (extent_ - first) < block ? (extent_ - first) : block;
+      return;
+    }
+    int lo = 0, hi = docs - 1;  // the last document s with f(s) <= v
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (start(mid) / size + mid <= v)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int p = start(lo), end = start(lo + 1);
+    first = p + (v - (p / size + lo)) * size;
+    count = (end - first) < size ? (end - first) : size;
+  }
+
+ private:
+  /// p(s): document s's first row (key) in this launch, clamped to [0, extent].
+  KOKKOS_INLINE_FUNCTION int start(int s) const {
+    const long p = static_cast<long>(bounds[s]) - begin;
+    return static_cast<int>(p < 0 ? 0 : (p > extent ? extent : p));
+  }
 };
 
 /// The query block a block of the CUDA query-block kernels (forwards, dQ) owns, from its league rank. The
-/// last query block of a pair has the most work under a causal mask: rank 0 is the last.
+/// last query block of a pair has the most work under a causal mask: rank 0 is the last. With documents a
+/// block may be empty (rows ≤ 0): the kernel returns at once, before any barrier.
 struct QueryBlock {
   int b, h, hk, i0, rows;  // batch, query head, kv head, first row, rows in this block
   KOKKOS_INLINE_FUNCTION QueryBlock(int league_rank, const BlockOrder& order, int heads_q, int group, int block_q,
@@ -88,32 +138,35 @@ struct QueryBlock {
     h = pair % heads_q;
     b = pair / heads_q;
     hk = h / group;
-    i0 = (order.blocks - 1 - rank) * block_q;
-    rows = (seq_q - i0) < block_q ? (seq_q - i0) : block_q;
+    order.span(order.blocks - 1 - rank, block_q, seq_q, i0, rows);
   }
 };
 
 /// The key block a block of the CUDA dK/dV kernels owns: under a causal mask the first key block is seen
-/// by the most queries, so rank r is key block r.
+/// by the most queries, so rank r is key block r. With documents a block may be empty (keys ≤ 0): the kernel
+/// returns at once, before any barrier.
 struct KeyBlock {
-  int b, hk, kb;  // batch, kv head, key block
-  KOKKOS_INLINE_FUNCTION KeyBlock(int league_rank, const BlockOrder& order, int heads_kv) {
-    int pair;
-    order.at(league_rank, pair, kb);
+  int b, hk, k0, keys;  // batch, kv head, first key, keys in this block
+  KOKKOS_INLINE_FUNCTION KeyBlock(int league_rank, const BlockOrder& order, int heads_kv, int block_k, int seq_k) {
+    int pair, rank;
+    order.at(league_rank, pair, rank);
     hk = pair % heads_kv;
     b = pair / heads_kv;
+    order.span(rank, block_k, seq_k, k0, keys);
   }
 };
 
-/// The order of a query-block launch over q [batch][seq_q][heads_q][.] in blocks of `block_q` rows.
+/// The order of a query-block launch over q [batch][seq_q][heads_q][.] in blocks of `block_q` rows (aligned to
+/// the mask's documents where it has any).
 inline BlockOrder query_block_order(long batch, long seq_q, long heads_q, int block_q, const KeyMask& mask,
                                     int sms = cuda_sm_count()) {
-  return BlockOrder((seq_q + block_q - 1) / block_q, batch * heads_q, mask, sms);
+  return BlockOrder(seq_q, block_q, batch * heads_q, mask, mask.docs.cu_q, mask.docs.count, mask.q_begin, sms);
 }
-/// The order of a key-block launch over k [batch][seq_k][heads_kv][.] in blocks of `block_k` keys.
+/// The order of a key-block launch over k [batch][seq_k][heads_kv][.] in blocks of `block_k` keys (aligned to
+/// the mask's documents where it has any).
 inline BlockOrder key_block_order(long batch, long seq_k, long heads_kv, int block_k, const KeyMask& mask,
                                   int sms = cuda_sm_count()) {
-  return BlockOrder((seq_k + block_k - 1) / block_k, batch * heads_kv, mask, sms);
+  return BlockOrder(seq_k, block_k, batch * heads_kv, mask, mask.docs.cu_k, mask.docs.count, mask.k_begin, sms);
 }
 
 /// The same from a call's ForwardArgs or BackwardArgs (common/kernel_args.hpp).

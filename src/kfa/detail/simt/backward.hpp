@@ -262,10 +262,9 @@ struct SimtDkDvKernel {
     const int grp = tid / H, part = tid % H;
     const int lr = team.league_rank();
     // Key block 0 first: under a causal mask the first keys are seen by the most queries.
-    const KeyBlock blk(lr, order, heads_kv);
-    const int kb = blk.kb, hk = blk.hk, b = blk.b;
-    const int k0 = kb * BK;
-    const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyBlock blk(lr, order, heads_kv, BK, seq_k);
+    const int hk = blk.hk, b = blk.b, k0 = blk.k0, keys = blk.keys;
+    if (keys <= 0) return;  // an empty block of a document-aligned launch (cuda/block_order.hpp)
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dkdv_scratch)));
     const std::uint32_t sbase = smem_addr(smem);
@@ -422,6 +421,8 @@ struct SimtDqKernel {
     const int grp = tid / H, part = tid % H;
     const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    if (rows <= 0) return;          // an empty block of a document-aligned launch (cuda/block_order.hpp)
+    const int row_end = i0 + rows;  // rows past it are another block's (or past seq_q)
 
     float* smem = static_cast<float*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
     const std::uint32_t sbase = smem_addr(smem);
@@ -446,7 +447,7 @@ struct SimtDqKernel {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       row[r] = i0 + grp + r * (BQ / R);
-      const bool in = row[r] < seq_q;
+      const bool in = row[r] < row_end;
       load_slice_global<H, C>(qr[r], in ? &q(b, row[r], h, 0) : nullptr, part);
       load_slice_global<H, C>(orr[r], in ? &d_o(b, row[r], h, 0) : nullptr, part);
       l[r] = in ? recompute_lse(static_cast<float>(lse(b, h, row[r]))) : compat::infinity<float>();
@@ -504,7 +505,7 @@ struct SimtDqKernel {
     wait_all();
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (row[r] < seq_q) store_slice_global<H, C>(&dq(b, row[r], h, 0), dqa[r], scale, part);
+      if (row[r] < row_end) store_slice_global<H, C>(&dq(b, row[r], h, 0), dqa[r], scale, part);
 #else
     (void)team;
 #endif

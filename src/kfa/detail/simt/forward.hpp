@@ -98,6 +98,8 @@ struct SimtForwardKernel {
     const int grp = tid / H, part = tid % H;
     const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    if (rows <= 0) return;          // an empty block of a document-aligned launch (cuda/block_order.hpp)
+    const int row_end = i0 + rows;  // rows past it are another block's (or past seq_q)
     int row[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) row[r] = i0 + grp + r * (BQ / R);
@@ -227,7 +229,7 @@ struct SimtForwardKernel {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      if (row[r] >= seq_q) continue;
+      if (row[r] >= row_end) continue;
       const float inv = l[r] == 0.f ? 0.f : 1.f / l[r];
       float4* dst = reinterpret_cast<float4*>(&o(b, row[r], h, part * HD));
 #pragma unroll

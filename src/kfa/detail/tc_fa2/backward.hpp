@@ -127,10 +127,9 @@ struct TcFa2DkDvKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const KeyBlock blk(lr, order, heads_kv);
-    const int kb = blk.kb, hk = blk.hk, b = blk.b;
-    const int k0 = kb * BK;
-    const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyBlock blk(lr, order, heads_kv, BK, seq_k);
+    const int hk = blk.hk, b = blk.b, k0 = blk.k0, keys = blk.keys;
+    if (keys <= 0) return;  // an empty block of a document-aligned launch (cuda/block_order.hpp)
 
     // V, K, two stages of (Q, dO), then P and dS.
     const std::uint32_t vs = tc::smem_addr(smem), ks = vs + BK * P * 2;
@@ -359,10 +358,10 @@ struct TcFa2DkDvKernel {
 #pragma unroll
     for (int mt = 0; mt < KM; ++mt) {
       const int r0 = k0 + kw0 + mt * 16 + g, r1 = r0 + 8;
-      tc::store_c_rows<D / 2, T>(dka[mt], scale, scale, r0 < seq_k ? &dk(b, r0, hk, cw0) : nullptr,
-                                 r1 < seq_k ? &dk(b, r1, hk, cw0) : nullptr, t4);
-      tc::store_c_rows<D / 2, T>(dva[mt], 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, cw0) : nullptr,
-                                 r1 < seq_k ? &dv(b, r1, hk, cw0) : nullptr, t4);
+      tc::store_c_rows<D / 2, T>(dka[mt], scale, scale, r0 < k0 + keys ? &dk(b, r0, hk, cw0) : nullptr,
+                                 r1 < k0 + keys ? &dk(b, r1, hk, cw0) : nullptr, t4);
+      tc::store_c_rows<D / 2, T>(dva[mt], 1.f, 1.f, r0 < k0 + keys ? &dv(b, r0, hk, cw0) : nullptr,
+                                 r1 < k0 + keys ? &dv(b, r1, hk, cw0) : nullptr, t4);
     }
 #else
     (void)lr, (void)smem;

@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  if (rows <= 0) return;                // an empty block of a document-aligned launch (cuda/block_order.hpp)
+  const int row_end = i0 + rows;        // rows past it are another block's (or past seq_q)
   const int wr0 = i0 + warp * 16 * MT;  // this warp's first query row
 
   const std::uint32_t qs = tc::smem_addr(fa2_dq_smem), dos = qs + BQ * P * 2;
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = wr0 + mt * 16 + g + r * 8;
-      const bool in = row < a.seq_q;
+      const bool in = row < row_end;
       lse2[mt][r] = in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e
                        : compat::infinity<float>();
       ddr[mt][r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
@@ -224,8 +226,8 @@ __global__ void __launch_bounds__(32 * Fa2DqShape<D>::warps, Fa2DqShape<D>::min_
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int r0 = wr0 + mt * 16 + g, r1 = r0 + 8;
-    tc::store_c_rows<D, T>(acc[mt], a.scale, a.scale, r0 < a.seq_q ? qbase + r0 * a.dq_s[1] : nullptr,
-                           r1 < a.seq_q ? qbase + r1 * a.dq_s[1] : nullptr, t4);
+    tc::store_c_rows<D, T>(acc[mt], a.scale, a.scale, r0 < row_end ? qbase + r0 * a.dq_s[1] : nullptr,
+                           r1 < row_end ? qbase + r1 * a.dq_s[1] : nullptr, t4);
   }
 #else
   (void)a;

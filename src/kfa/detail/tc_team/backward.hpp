@@ -125,10 +125,9 @@ struct TcDkDvKernel {
 #if KFA_TC_DEVICE
     const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
-    const KeyBlock blk(lr, order, heads_kv);
-    const int kb = blk.kb, hk = blk.hk, b = blk.b;
-    const int k0 = kb * BK;
-    const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyBlock blk(lr, order, heads_kv, BK, seq_k);
+    const int hk = blk.hk, b = blk.b, k0 = blk.k0, keys = blk.keys;
+    if (keys <= 0) return;           // an empty block of a document-aligned launch (cuda/block_order.hpp)
     const int wk0 = k0 + warp * 16;  // this warp's first key
 
     // V, K, then stage st at smem + 2·BK·P·2 + st·dkdv_stage: Q tile, dO tile, lse[BQ], D[BQ]; then
@@ -368,10 +367,10 @@ struct TcDkDvKernel {
     tc::cp_async_wait_all();
 
     const int r0 = wk0 + g, r1 = wk0 + g + 8;
-    tc::store_c_rows<D, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, 0) : nullptr,
-                           r1 < seq_k ? &dk(b, r1, hk, 0) : nullptr, t4);
-    tc::store_c_rows<D, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, 0) : nullptr,
-                           r1 < seq_k ? &dv(b, r1, hk, 0) : nullptr, t4);
+    tc::store_c_rows<D, T>(dka, scale, scale, r0 < k0 + keys ? &dk(b, r0, hk, 0) : nullptr,
+                           r1 < k0 + keys ? &dk(b, r1, hk, 0) : nullptr, t4);
+    tc::store_c_rows<D, T>(dva, 1.f, 1.f, r0 < k0 + keys ? &dv(b, r0, hk, 0) : nullptr,
+                           r1 < k0 + keys ? &dv(b, r1, hk, 0) : nullptr, t4);
 #else
     (void)lr, (void)smem;
     Kokkos::abort("kfa: the tensor-core backward kernel ran on a device without sm_80 tensor cores");
@@ -495,6 +494,8 @@ struct TcDqKernel {
     const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
     const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    if (rows <= 0) return;          // an empty block of a document-aligned launch (cuda/block_order.hpp)
+    const int row_end = i0 + rows;  // rows past it are another block's (or past seq_q)
     const int wr0 = i0 + warp * 16;
 
     char* smem = static_cast<char*>(team.team_scratch(0).get_shmem(static_cast<std::size_t>(Shape::dq_scratch)));
@@ -517,10 +518,10 @@ struct TcDqKernel {
     tc::load_a_rows<D>(oa, r0 < seq_q ? &d_o(b, r0, h, 0) : nullptr, r1 < seq_q ? &d_o(b, r1, h, 0) : nullptr, t4);
     const float lse_r[2] = {
         // × log2(e), as tc_recompute_p takes it
-        r0 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r0))) * tc::log2e : compat::infinity<float>(),
-        r1 < seq_q ? recompute_lse(static_cast<float>(lse(b, h, r1))) * tc::log2e : compat::infinity<float>()};
-    const float dd_r[2] = {r0 < seq_q ? static_cast<float>(dd(b, h, r0)) : 0.f,
-                           r1 < seq_q ? static_cast<float>(dd(b, h, r1)) : 0.f};
+        r0 < row_end ? recompute_lse(static_cast<float>(lse(b, h, r0))) * tc::log2e : compat::infinity<float>(),
+        r1 < row_end ? recompute_lse(static_cast<float>(lse(b, h, r1))) * tc::log2e : compat::infinity<float>()};
+    const float dd_r[2] = {r0 < row_end ? static_cast<float>(dd(b, h, r0)) : 0.f,
+                           r1 < row_end ? static_cast<float>(dd(b, h, r1)) : 0.f};
     float dqa[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
@@ -608,8 +609,8 @@ struct TcDqKernel {
       }
     }
     tc::cp_async_wait_all();
-    tc::store_c_rows<D, T>(dqa, scale, scale, r0 < seq_q ? &dq(b, r0, h, 0) : nullptr,
-                           r1 < seq_q ? &dq(b, r1, h, 0) : nullptr, t4);
+    tc::store_c_rows<D, T>(dqa, scale, scale, r0 < row_end ? &dq(b, r0, h, 0) : nullptr,
+                           r1 < row_end ? &dq(b, r1, h, 0) : nullptr, t4);
 #else
     (void)team;
     Kokkos::abort("kfa: the tensor-core backward kernel ran on a device without sm_80 tensor cores");

@@ -77,6 +77,8 @@ struct TcForwardKernel {
     const int g = lane >> 2, t4 = lane & 3;
     const QueryBlock blk(team.league_rank(), order, heads_q, group, BQ, seq_q);
     const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+    if (rows <= 0) return;           // an empty block of a document-aligned launch (cuda/block_order.hpp)
+    const int row_end = i0 + rows;   // rows past it are another block's (or past seq_q)
     const int wr0 = i0 + warp * 16;  // this warp's first query row
     const float ninf = -compat::infinity<float>();
 
@@ -207,11 +209,11 @@ struct TcForwardKernel {
       inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
     }
     const int r0 = wr0 + g, r1 = wr0 + g + 8;
-    tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < seq_q ? &o(b, r0, h, 0) : nullptr,
-                           r1 < seq_q ? &o(b, r1, h, 0) : nullptr, t4);
+    tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < row_end ? &o(b, r0, h, 0) : nullptr,
+                           r1 < row_end ? &o(b, r1, h, 0) : nullptr, t4);
     if (t4 == 0) {
-      if (r0 < seq_q) lse(b, h, r0) = SoftmaxState<float>{m[0], lsum[0]}.lse();
-      if (r1 < seq_q) lse(b, h, r1) = SoftmaxState<float>{m[1], lsum[1]}.lse();
+      if (r0 < row_end) lse(b, h, r0) = SoftmaxState<float>{m[0], lsum[0]}.lse();
+      if (r1 < row_end) lse(b, h, r1) = SoftmaxState<float>{m[1], lsum[1]}.lse();
     }
 #else
     (void)team;

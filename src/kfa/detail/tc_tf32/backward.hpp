@@ -99,10 +99,9 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
   // second (role 1) dPᵀ, dSᵀ and dK.
   const int kw = warp % (Shape::warps / 2), role = warp / (Shape::warps / 2);
   const int lr = static_cast<int>(blockIdx.x);
-  const KeyBlock blk(lr, a.korder, a.heads_kv);
-  const int kb = blk.kb, hk = blk.hk, b = blk.b;
-  const int k0 = kb * BK;
-  const int keys = (a.seq_k - k0) < BK ? (a.seq_k - k0) : BK;
+  const KeyBlock blk(lr, a.korder, a.heads_kv, BK, a.seq_k);
+  const int hk = blk.hk, b = blk.b, k0 = blk.k0, keys = blk.keys;
+  if (keys <= 0) return;  // an empty block of a document-aligned launch (cuda/block_order.hpp)
 
   // K, V, two stages of (Q, dO), then Pᵀ·softcap' per pair in C-fragment order.
   const std::uint32_t ks = tc::smem_addr(tf32_dkdv_smem), vs = ks + BK * P * 4, stage0 = vs + BK * P * 4;
@@ -254,7 +253,7 @@ __global__ void __launch_bounds__(32 * Tf32BackwardShape<D>::warps, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const long key = kj + 8 * r;
-    if (key < a.seq_k) tc::store_rows_permuted<D>(out + key * out_s + 8 * t4, acc, r, f);
+    if (key < k0 + keys) tc::store_rows_permuted<D>(out + key * out_s + 8 * t4, acc, r, f);
   }
 #else
   (void)a;
@@ -274,6 +273,8 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  if (rows <= 0) return;           // an empty block of a document-aligned launch (cuda/block_order.hpp)
+  const int row_end = i0 + rows;   // rows past it are another block's (or past seq_q)
   const int wr0 = i0 + warp * 16;  // this warp's first query row
 
   // Q, dO, then two stages of (K, V).
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + r * 8;
-    const bool in = row < a.seq_q;
+    const bool in = row < row_end;
     lse2[r] =
         in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e : compat::infinity<float>();
     ddr[r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
@@ -388,7 +389,7 @@ __global__ void __launch_bounds__(32 * DqWarps, 1) tc_tf32_dq_kernel(const __gri
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + 8 * r;
-    if (row < a.seq_q) tc::store_rows_permuted<D>(dqbase + row * a.dq_s[1] + 8 * t4, acc, r, a.scale);
+    if (row < row_end) tc::store_rows_permuted<D>(dqbase + row * a.dq_s[1] + 8 * t4, acc, r, a.scale);
   }
 #else
   (void)a;

@@ -191,6 +191,8 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
   const int g = lane >> 2, t4 = lane & 3;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  if (rows <= 0) return;           // an empty block of a document-aligned launch (cuda/block_order.hpp)
+  const int row_end = i0 + rows;   // rows past it are another block's (or past seq_q)
   const int wr0 = i0 + warp * 16;  // this warp's first query row
   const float ninf = -compat::infinity<float>();
 
@@ -316,7 +318,7 @@ __global__ void __launch_bounds__(32 * Tf32ForwardShape<D>::warps, Tf32ForwardSh
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + 8 * r;
-    if (row >= a.seq_q) continue;
+    if (row >= row_end) continue;
     tc::store_rows_permuted<D>(obase + row * a.o_s[1] + 8 * t4, acc, r, inv[r]);
     if (t4 == 0) lbase[row * a.l_s[2]] = SoftmaxState<float>{m[r], lsum[r]}.lse();
   }

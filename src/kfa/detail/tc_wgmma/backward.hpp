@@ -265,10 +265,9 @@ struct TcWgmmaDkDvKernel {
     const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
     // The warpgroup's 64 keys (key group kg) and its columns of dK and dV (part: columns DN·part ..)
     const int kg = wg / Shape::col_parts, part = wg % Shape::col_parts;
-    const KeyBlock blk(lr, order, heads_kv);
-    const int kb = blk.kb, hk = blk.hk, b = blk.b;
-    const int k0 = kb * BK;
-    const int keys = (seq_k - k0) < BK ? (seq_k - k0) : BK;
+    const KeyBlock blk(lr, order, heads_kv, BK, seq_k);
+    const int hk = blk.hk, b = blk.b, k0 = blk.k0, keys = blk.keys;
+    if (keys <= 0) return;  // an empty block of a document-aligned launch (cuda/block_order.hpp)
 
     // K, V, then stage s's Q and dO at stage0 + s·2·tile_q, (Fused) dS, then [stage][lse | D] rows. Tiles
     // start at a multiple of 1024 B: the swizzle is a function of the address bits.
@@ -542,10 +541,10 @@ struct TcWgmmaDkDvKernel {
     }
 
     const int r0 = k0 + kr0, r1 = r0 + 8, c0 = DN * part;
-    tc::store_c_rows<DN, T>(dka, scale, scale, r0 < seq_k ? &dk(b, r0, hk, c0) : nullptr,
-                            r1 < seq_k ? &dk(b, r1, hk, c0) : nullptr, t4);
-    tc::store_c_rows<DN, T>(dva, 1.f, 1.f, r0 < seq_k ? &dv(b, r0, hk, c0) : nullptr,
-                            r1 < seq_k ? &dv(b, r1, hk, c0) : nullptr, t4);
+    tc::store_c_rows<DN, T>(dka, scale, scale, r0 < k0 + keys ? &dk(b, r0, hk, c0) : nullptr,
+                            r1 < k0 + keys ? &dk(b, r1, hk, c0) : nullptr, t4);
+    tc::store_c_rows<DN, T>(dva, 1.f, 1.f, r0 < k0 + keys ? &dv(b, r0, hk, c0) : nullptr,
+                            r1 < k0 + keys ? &dv(b, r1, hk, c0) : nullptr, t4);
 #else
     (void)lr, (void)smem;
 #if defined(__CUDA_ARCH__)
@@ -601,6 +600,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  if (rows <= 0) return;          // an empty block of a document-aligned launch (cuda/block_order.hpp)
+  const int row_end = i0 + rows;  // rows past it are another block's (or past seq_q)
 
   // Q, dO, then stage s's K at ks0 + s·2·BC·DP·2 and V right after it, each at a multiple of 1024 B; barriers.
   const std::uint32_t qs = (tc::smem_addr(wgmma_ws_dq_smem) + 1023u) & ~1023u, dos = qs + BQ * DP * 2;
@@ -663,7 +664,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = wr0 + g + r * 8;
-    const bool in = row < a.seq_q;
+    const bool in = row < row_end;
     lse2[r] =
         in ? recompute_lse(a.lse[b * a.l_s[0] + h * a.l_s[1] + row * a.l_s[2]]) * tc::log2e : compat::infinity<float>();
     ddr[r] = in ? a.dd[b * a.d_s[0] + h * a.d_s[1] + row * a.d_s[2]] : 0.f;
@@ -802,8 +803,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
 
   OutT* qbase = a.dq + b * a.dq_s[0] + h * a.dq_s[2];
   const int r0 = wr0 + g, r1 = r0 + 8;
-  tc::store_c_rows<D, T>(acc, a.scale, a.scale, r0 < a.seq_q ? qbase + r0 * a.dq_s[1] : nullptr,
-                         r1 < a.seq_q ? qbase + r1 * a.dq_s[1] : nullptr, t4);
+  tc::store_c_rows<D, T>(acc, a.scale, a.scale, r0 < row_end ? qbase + r0 * a.dq_s[1] : nullptr,
+                         r1 < row_end ? qbase + r1 * a.dq_s[1] : nullptr, t4);
 #else
   (void)a;
 #if defined(__CUDA_ARCH__)

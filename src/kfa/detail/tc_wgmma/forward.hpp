@@ -436,6 +436,8 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
   const int g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
   const QueryBlock blk(static_cast<int>(blockIdx.x), a.order, a.heads_q, a.group, BQ, a.seq_q);
   const int b = blk.b, h = blk.h, hk = blk.hk, i0 = blk.i0, rows = blk.rows;
+  if (rows <= 0) return;          // an empty block of a document-aligned launch (cuda/block_order.hpp)
+  const int row_end = i0 + rows;  // rows past it are another block's (or past seq_q)
   const float ninf = -compat::infinity<float>();
 
   const std::uint32_t qs = (tc::smem_addr(wgmma_smem) + 1023u) & ~1023u;
@@ -640,11 +642,11 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
     inv[r] = lsum[r] == 0.f ? 0.f : 1.f / lsum[r];
   }
   const int r0 = wr0 + g, r1 = r0 + 8;
-  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < a.seq_q ? obase + r0 * a.o_s[1] : nullptr,
-                         r1 < a.seq_q ? obase + r1 * a.o_s[1] : nullptr, t4);
+  tc::store_c_rows<D, T>(acc, inv[0], inv[1], r0 < row_end ? obase + r0 * a.o_s[1] : nullptr,
+                         r1 < row_end ? obase + r1 * a.o_s[1] : nullptr, t4);
   if (t4 == 0) {
-    if (r0 < a.seq_q) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
-    if (r1 < a.seq_q) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
+    if (r0 < row_end) lbase[r0 * a.l_s[2]] = SoftmaxState<float>{m[0], lsum[0]}.lse();
+    if (r1 < row_end) lbase[r1 * a.l_s[2]] = SoftmaxState<float>{m[1], lsum[1]}.lse();
   }
 #else
   (void)a;
