@@ -567,18 +567,6 @@ TEST(Paths, DocumentAlignedBlocks) {
         }
       }
   }
-  // With documents the pairs go in sections of as many as fill the SMs once with one document's blocks each:
-  // 16 documents of 4096 rows in blocks of 128 (33 grid indices a document) on 132 SMs, 4 of the 16 heads.
-  std::vector<int> cu(17);
-  for (int s = 0; s <= 16; ++s) cu[static_cast<std::size_t>(s)] = 4096 * s;
-  kfa::detail::Positions pos;
-  pos.docs = kfa::detail::Documents{cu.data(), cu.data(), 16, 0};
-  for (const bool causal : {false, true}) {
-    const kfa::detail::KeyMask mask(65536, 65536, pos, causal, -1, -1);
-    EXPECT_EQ(kfa::detail::query_block_order(1, 65536, 16, 128, mask, 132).section, 4);
-    EXPECT_EQ(kfa::detail::query_block_order(1, 65536, 2, 128, mask, 132).section, 2);  // no more than the pairs
-    EXPECT_EQ(kfa::detail::query_block_order(1, 65536, 16, 128, mask, 0).section, 1);   // no CUDA device
-  }
 }
 
 TEST(Paths, NamesOfPaths) {

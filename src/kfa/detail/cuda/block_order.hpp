@@ -79,18 +79,7 @@ struct BlockOrder {
   BlockOrder(long extent_, int size_, long pairs_, const KeyMask& mask, const int* bounds_, int docs_, long begin_,
              int sms)
       : BlockOrder(docs_ > 0 ? extent_ / size_ + docs_ : (extent_ + size_ - 1) / size_, pairs_, mask, sms) {
-    if (docs_ <= 0) return;
-    bounds = bounds_, docs = docs_, extent = static_cast<int>(extent_), size = size_, begin = begin_;
-    // The work differs by block under any mask (documents differ in length), and a pair's blocks are its
-    // documents' one after the other: the pairs go in sections of as many as fill the SMs once with one
-    // document's blocks each (on average), so a section ends on its first documents' blocks over all of its
-    // pairs, not on one pair's. Modelled (list scheduling of the blocks' key tiles on 132 SMs, 16 heads, bf16
-    // d = 128's tiles): the log-normal mix of 47 documents in 65,536 tokens 0.974 → 0.990 of the SMs' time
-    // causal, 0.986 → 0.995 not; 16 × 4096 causal 0.984 → 0.999.
-    if (sms > 0) {
-      const int per_document = std::max(1, blocks / docs);
-      section = std::max(1, std::min(pairs, (sms + per_document / 2) / per_document));
-    }
+    if (docs_ > 0) bounds = bounds_, docs = docs_, extent = static_cast<int>(extent_), size = size_, begin = begin_;
   }
   /// The blocks of the launch (native_launch checks it fits an int).
   long league() const { return static_cast<long>(pairs) * blocks; }
