@@ -52,7 +52,7 @@ inline int cuda_sm_count() {
 /// (clamped to [0, extent]): f(s + 1) − f(s), the grid cells its rows touch or one more, is at least the
 /// blocks the document needs, so the kernels find their block from the document bounds alone (a binary search,
 /// no table to build or keep) and the few indices a document does not need are empty blocks (rows ≤ 0) that
-/// return at once: at most two per document, extent / size + documents blocks per pair in all.
+/// return at once: at most one per document, extent / size + documents blocks per pair in all.
 struct BlockOrder {
   int blocks = 0;   // blocks per pair
   int pairs = 0;    // (batch, head) pairs
