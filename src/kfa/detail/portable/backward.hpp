@@ -167,6 +167,11 @@ struct DkDvKernel {
       const int in_hi = mask.seq_k < j0 + cols ? static_cast<int>(mask.seq_k - j0) : cols;
       const int c1 = host && (in_hi + 15) / 16 * 16 < bk ? (in_hi + 15) / 16 * 16 : bk;
       const int nc = c1 - c0;
+      // dV, dK and dQ's products go over this document's key columns only, on every backend: another document's
+      // keys in the tile have P = dS = 0, but 0·inf or 0·NaN in this document's dO, Q (dV, dK) or in the other
+      // keys' K (dQ) would not stay 0. Up to the tile's end as above where no document ends inside the block.
+      const int k0 = mask.key_lo > j0 ? static_cast<int>(mask.key_lo - j0) : 0;
+      const int k1 = in_hi < cols ? in_hi : c1;
       for (int g = 0; g < group; ++g) {
         const int h = hk * group + g;
         for (long i0 = i_begin; i0 < i_end; i0 += bq) {
@@ -234,8 +239,8 @@ struct DkDvKernel {
           if (host && need_mask) {
             // The products over what the mask leaves visible (P and dS are 0 elsewhere): dV and dK in strips of
             // host_mask_strip key columns over the rows that see them, dQ in strips of rows over the keys they see.
-            for (int ka = c0; ka < c1; ka += host_mask_strip) {
-              const int kb = ka + host_mask_strip < c1 ? ka + host_mask_strip : c1;
+            for (int ka = k0; ka < k1; ka += host_mask_strip) {
+              const int kb = ka + host_mask_strip < k1 ? ka + host_mask_strip : k1;
               const long seen_lo = mask.query_begin(j0 + ka) - i0, seen_hi = mask.query_end(j0 + kb, seq_q) - i0;
               const long lo = seen_lo > 0 ? seen_lo : 0, hi = seen_hi < rows ? seen_hi : rows;
               if (hi <= lo) continue;
@@ -246,23 +251,23 @@ struct DkDvKernel {
                                    true);
             }
             if constexpr (FuseDq)
-              for (int ra = 0; ra < rows; ra += host_mask_strip) {
-                const int rb = ra + host_mask_strip < rows8 ? ra + host_mask_strip : rows8;
+              for (int ra = 0; ra < rows; ra += host_mask_strip) {  // rows past `rows` are the next document's
+                const int rb = ra + host_mask_strip < rows ? ra + host_mask_strip : rows;
                 const long first = mask.key_begin(i0 + ra) - j0;
-                const long lo = first > c0 ? first : c0;
-                const long hi = mask.key_end(i0 + (rb < rows ? rb : rows)) - j0;
-                const long ke = hi < c1 ? hi : c1;
+                const long lo = first > k0 ? first : k0;
+                const long hi = mask.key_end(i0 + rb) - j0;
+                const long ke = hi < k1 ? hi : k1;
                 if (ke <= lo) continue;
                 team_gemm<ExecSpace>(team, rb - ra, d, static_cast<int>(ke - lo), dp + ra * bk + lo, bk, 1,
                                      krp + lo * ldkr, ldkr, dq_row(chunk, b, i0 + ra, h), heads_kv * group * d, true);
               }
           } else {
             // dV += Pᵀ·dO, dK += dSᵀ·Q
-            team_gemm<ExecSpace>(team, nc, d, rows8, s + c0, 1, bk, dop, lddo, dva + c0 * d, d, true);
-            team_gemm<ExecSpace>(team, nc, d, rows8, dp + c0, 1, bk, qp, ldq, dka + c0 * d, d, true);
+            team_gemm<ExecSpace>(team, k1 - k0, d, rows8, s + k0, 1, bk, dop, lddo, dva + k0 * d, d, true);
+            team_gemm<ExecSpace>(team, k1 - k0, d, rows8, dp + k0, 1, bk, qp, ldq, dka + k0 * d, d, true);
             if constexpr (FuseDq)  // dQ += dS·K into this chunk's rows (scale applied by DqChunkSum)
-              team_gemm<ExecSpace>(team, rows8, d, nc, dp + c0, bk, 1, krp + c0 * ldkr, ldkr, dq_row(chunk, b, i0, h),
-                                   heads_kv * group * d, true);
+              team_gemm<ExecSpace>(team, rows, d, k1 - k0, dp + k0, bk, 1, krp + k0 * ldkr, ldkr,
+                                   dq_row(chunk, b, i0, h), heads_kv * group * d, true);
           }
         }
       }
@@ -410,6 +415,10 @@ struct DqKernel {
       const KeyRule mask = this->mask.rule(doc);
       const long j_begin = mask.key_begin(i0);
       const long j_end = mask.key_end(i0 + rows);
+      // dQ += dS·K over this document's rows only: another document's rows in the tile have dS = 0 (or NaN, from
+      // their own dO), and 0·inf in this document's K would reach them. The whole tile where none ends inside.
+      const int q0 = mask.q_lo > i0 ? static_cast<int>(mask.q_lo - i0) : 0;
+      const int q1 = mask.q_hi >= 0 && mask.q_hi < i0 + rows ? static_cast<int>(mask.q_hi - i0) : bq;
       for (long j0 = j_begin; j0 < j_end; j0 += bk) {
         const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
         team.team_barrier();
@@ -463,7 +472,7 @@ struct DqKernel {
           });
         });
         team.team_barrier();
-        team_gemm<ExecSpace>(team, bq, d, bk, dpt, 1, bq, ks, d, dqa, d,
+        team_gemm<ExecSpace>(team, q1 - q0, d, bk, dpt + q0, 1, bq, ks, d, dqa + q0 * d, d,
                              true);  // dQ += dS·K (scale applied at the end)
       }
     }

@@ -110,6 +110,11 @@ struct ForwardKernel {
       const long in_hi = mask.q_hi >= 0 && mask.q_hi < i0 + rows ? mask.q_hi - i0 : rows;
       const int r0 = host ? static_cast<int>(in_lo) / 16 * 16 : 0;
       const int r1 = host && (in_hi + 15) / 16 * 16 < bq ? static_cast<int>((in_hi + 15) / 16 * 16) : bq;
+      // P·V goes over this document's rows only, on every backend: another document's rows in the tile have P = 0,
+      // but 0·inf or 0·NaN in this document's V would reach their O. Up to the tile's end as above where no
+      // document ends inside the block.
+      const int p0 = static_cast<int>(in_lo);
+      const int p1 = in_hi < rows ? static_cast<int>(in_hi) : r1;
       for (long j0 = j_begin; j0 < j_end; j0 += bk) {
         const int cols = (j_end - j0) < bk ? static_cast<int>(j_end - j0) : bk;
         const int cols8 = host && (cols + 7) / 8 * 8 < bk ? (cols + 7) / 8 * 8 : bk;  // score rows computed (≥ cols)
@@ -211,11 +216,11 @@ struct ForwardKernel {
           });
         });
         team.team_barrier();
-        // O[bq][d] += P[bq][bk] · V[bk][d] for rows [r0, r1), P read through the transposed Sᵀ; on host a tile the
+        // O[bq][d] += P[bq][bk] · V[bk][d] for rows [p0, p1), P read through the transposed Sᵀ; on host a tile the
         // mask cuts in strips of host_mask_strip rows, each over the keys its rows see (P is 0 elsewhere)
         if (host && need_mask) {
-          for (int ra = r0; ra < r1; ra += host_mask_strip) {
-            const int rb = ra + host_mask_strip < r1 ? ra + host_mask_strip : r1;
+          for (int ra = p0; ra < p1; ra += host_mask_strip) {
+            const int rb = ra + host_mask_strip < p1 ? ra + host_mask_strip : p1;
             const long seen_lo = mask.key_begin(i0 + ra) - j0, seen_hi = mask.key_end(i0 + rb) - j0;
             const long ka = seen_lo > 0 ? seen_lo : 0, kb = seen_hi < cols ? seen_hi : cols;
             if (kb > ka)
@@ -223,7 +228,7 @@ struct ForwardKernel {
                                    ldv, ot + ra * d, d, true);
           }
         } else {
-          team_gemm<ExecSpace>(team, r1 - r0, d, cols, st + r0, 1, ld, vp, ldv, ot + r0 * d, d, true);
+          team_gemm<ExecSpace>(team, p1 - p0, d, cols, st + p0, 1, ld, vp, ldv, ot + p0 * d, d, true);
         }
       }
     }

@@ -198,13 +198,12 @@ __attribute__((always_inline)) inline void micro_tile_simd(const Acc* a, long a_
 /// and that there are more independent accumulators than FMA latency × FMA ports: AVX2 takes 6 rows (12
 /// accumulators; with 4 rows, 8 accumulators, Zen 4's two 4-cycle FMA pipes wait: float, L1-resident tiles,
 /// 0.65-0.84 of the core's peak against 0.88-0.95 with 6 rows). The rows of a tile past the last multiple of
-/// `rows` go in 4- and 2-row micro-tiles.
+/// `rows` go in 4-, 2- and 1-row micro-tiles.
 template <HostIsa Isa>
 struct HostBlocking {
   static constexpr int rows = Isa == HostIsa::avx512 ? 8 : Isa == HostIsa::avx2 ? 6 : 4;
   static constexpr int vectors = 2;
   static constexpr int bytes = isa_vector_bytes(Isa);
-  static constexpr int rest_rows = 2;  // the smallest micro-tile: m must be a multiple of it
 };
 
 /// The micro-tile compiled for each ISA: baseline-width code is plain; wider ISAs get a function-level
@@ -243,15 +242,16 @@ constexpr bool host_isa_available(HostIsa isa) {
   return isa != HostIsa::scalar && (static_cast<int>(isa) <= static_cast<int>(compiled_host_isa) || KFA_HOST_DISPATCH);
 }
 
-/// C = A·B (+C) split over the team's threads with `Isa`'s vectors and blocking; false when the shape does
-/// not fit (m not a multiple of the block rows, n not a multiple of one vector): the caller falls back.
+/// C = A·B (+C) split over the team's threads with `Isa`'s vectors and blocking, m of any size (the rows past
+/// the last multiple of the block rows in 4-, 2- and 1-row micro-tiles); false when n is not a multiple of one
+/// vector: the caller falls back.
 template <HostIsa Isa, class Member, class Acc>
 inline bool team_gemm_host(const Member& team, int m, int n, int kdim, const Acc* a, long a_rs, long a_cs, const Acc* b,
                            int ldb, Acc* c, int ldc, bool accumulate) {
   using Blk = HostBlocking<Isa>;
   constexpr int RI = Blk::rows;
   constexpr int W = Blk::bytes / static_cast<int>(sizeof(Acc));
-  if (m % Blk::rest_rows != 0 || n % W != 0) return false;
+  if (n % W != 0) return false;
   // Rows [r0, r0 + rows) in RB-row micro-tiles of NV vectors.
   auto strip = [&](auto rb, auto nv, int r0, int rows) {
     constexpr int RB = decltype(rb)::value, NV = decltype(nv)::value;
@@ -271,7 +271,12 @@ inline bool team_gemm_host(const Member& team, int m, int n, int kdim, const Acc
         r0 += 4;
       }
     if constexpr (RI > 2)
-      if (m > r0) strip(std::integral_constant<int, 2>{}, nv, r0, m - r0);
+      if (m - r0 >= 2) {
+        const int pairs = (m - r0) / 2 * 2;
+        strip(std::integral_constant<int, 2>{}, nv, r0, pairs);
+        r0 += pairs;
+      }
+    if (m > r0) strip(std::integral_constant<int, 1>{}, nv, r0, 1);
   };
   if (n % (Blk::vectors * W) == 0)
     strips(std::integral_constant<int, Blk::vectors>{});
