@@ -13,3 +13,11 @@ grep -E 'Failure|Which is|sequence [0-9]|opts.path|deterministic|OK|FAILED|PASSE
 t0=$(date +%s)
 timeout 240 $N/kfa_test_varlen --gtest_filter='-*EveryFamily*' > "$OUT/varlen_rest.log" 2>&1
 echo "varlen rest rc=$? $(( $(date +%s) - t0 )) s"; tail -3 "$OUT/varlen_rest.log"
+if [ "${1:-}" = sanitize ]; then
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    timeout 200 compute-sanitizer --tool $tool $N/kfa_test_varlen \
+      --gtest_filter='Varlen/bfloat16.AnotherSequencesNonFiniteRowsStayOutOfEveryFamily' > "$OUT/$tool.txt" 2>&1
+    echo "$tool rc=$? $(( $(date +%s) - t0 )) s"; tail -4 "$OUT/$tool.txt"
+  done
+fi
