@@ -15,10 +15,9 @@
 ///    whose queries see the bad key.
 ///  - Packed documents (the varlen calls; kfa::dist's documents run the same kernels, not tested there): a NaN
 ///    or ±Inf in one document's q, k, v or do stays out of the other documents' o, lse and gradients in
-///    every family but one: the wgmma family (Hopper, 16-bit types) carries a document's non-finite k, v
-///    (forward; q, do in the backward) into the previous document's o and gradients (its TMA loads bring the
-///    next document's first rows into a document's last tile, masked, and 0·NaN = NaN).
-///    tests/core/test_varlen.cpp checks every family.
+///    every family (a masked probability is 0, but 0·NaN = NaN: no product that accumulates runs over another
+///    document's rows, and the wgmma family zeroes the next document's rows its TMA loads bring into a
+///    document's last tile). tests/core/test_varlen.cpp checks every family.
 ///  - Finite inputs whose scores q·k·scale overflow the compute dtype (e.g. values of 1e20 in float32, or
 ///    a huge softmax scale) give Inf - Inf = NaN in the online softmax: o and lse NaN where the exact
 ///    result is finite. Compute in float64 or use a smaller scale.

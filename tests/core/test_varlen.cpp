@@ -245,7 +245,7 @@ TYPED_TEST(Varlen, AnotherSequencesNonFiniteRowsStayOutOfEveryFamily) {
   // with finite rows (dq of deterministic = false: finite and close). The lengths are no multiple of any kernel's
   // tiles or vector steps, so blocks span two or three sequences (portable family) or a block's last key or query
   // tile reads the next sequence's first rows (the CUDA families), masked: 0·inf must not reach the other rows.
-  // The wgmma family (Hopper, 16-bit types) does not pass yet: its TMA loads bring those rows in with their values
+  // The wgmma family's TMA loads bring those rows in with their values; it zeroes them in shared memory
   // (docs/kernels.md, "Variable-length batches").
   using T = TypeParam;
   const std::uint64_t seed = fresh_seed();

@@ -415,6 +415,21 @@ struct TcWgmmaDkDvKernel {
         }
         if constexpr (use_tma) {
           tc::mbar_wait(full(st), static_cast<unsigned>((done + step) / ST) & 1u);  // this step's Q and dO (and K, V)
+          // Rows past the pass's last query (and, with the block's first step, past its last key) as 0, as the
+          // cp.async path loads them: 0·inf in a masked product is NaN (tc::zero_rows_sw128)
+          const bool kv_tail = done + step == 0 && keys < BK;
+          if (rows < BQ || kv_tail) {
+            if (rows < BQ) {
+              tc::zero_rows_sw128<D, BQ, NTH>(stage0 + st * 2 * tile_q, rows, tid);
+              tc::zero_rows_sw128<D, BQ, NTH>(stage0 + st * 2 * tile_q + tile_q, rows, tid);
+            }
+            if (kv_tail) {
+              tc::zero_rows_sw128<D, BK, NTH>(ks, keys, tid);
+              tc::zero_rows_sw128<D, BK, NTH>(vs, keys, tid);
+            }
+            tc::fence_proxy_async();
+            __syncthreads();
+          }
         } else {
           tc::cp_async_commit();
           tc::cp_async_wait<ST - 1>();  // all but the ST − 1 groups after this step's
@@ -717,10 +732,17 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     }
   };
   // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ and dP = dO·Vᵀ from it.
-  auto issue_s_dp = [&](int st, unsigned use) {
+  auto issue_s_dp = [&](int st, unsigned use, long j0) {
     tc::mbar_wait(bar.full(st), use & 1);
-    tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes, vst = kst + kv_bytes;
+    // K's and V's rows past the pass's keys as 0 (tc::zero_rows_sw128): both warpgroups write them before their
+    // own products read them (the same zeros; the turn barrier below orders this warpgroup's threads)
+    if (tma && j_end - j0 < BC) {
+      const int valid = static_cast<int>(j_end - j0);
+      tc::zero_rows_sw128<D, BC, 128>(kst, valid, threadIdx.x & 127);
+      tc::zero_rows_sw128<D, BC, 128>(vst, valid, threadIdx.x & 127);
+    }
+    tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     std::uint32_t qa = q_wg, doa = do_wg;
     // opaque at d = 256: else ptxas keeps the Q and dO tiles' 32 descriptors live across the tiles (spills)
     if constexpr (D > 128) asm volatile("" : "+r"(qa), "+r"(doa));
@@ -769,7 +791,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     j_begin = mask.key_begin(i0);
     j_end = mask.key_end(i0 + rows);
     if (j_begin >= j_end) continue;
-    issue_s_dp(st, use);
+    issue_s_dp(st, use, j_begin);
     hand_over();
     tc::wgmma_wait<0>();
     tc::wgmma_hold(s);
@@ -779,7 +801,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsDqShape<D>::warps, 1)
     int prev = st;
     if (++st == ST) st = 0, ++use;
     for (long j0 = j_begin + BC; j0 < j_end; j0 += BC) {
-      issue_s_dp(st, use);
+      issue_s_dp(st, use, j0);
       issue_dq(prev);
       hand_over();
       tc::wgmma_wait<1>();  // S_t and dP_t; dQ += dS_{t-1}·K_{t-1} may still run

@@ -317,6 +317,22 @@ __device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, const std::ui
   }
 }
 
+/// Zeroes rows valid .. ROWS − 1 of a tile in load_tile_sw128's layout at dst (64-element panels of ROWS × 128 B,
+/// so a row is 128 whole bytes of each panel whatever the swizzle), as its cp.async path leaves them. TMA brings
+/// the rows past a pass's last key (query) in with their values, another document's where one ends there; a
+/// masked product multiplies them by 0, and 0·inf is NaN. NT threads (tid 0 .. NT − 1) write 16-byte chunks; the
+/// caller fences (fence_proxy_async) and synchronizes them before the async proxy reads the tile.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void zero_rows_sw128(std::uint32_t dst, int valid, int tid) {
+  constexpr int panels = wgmma_row_elems(D) / 64;
+  const int per_panel = (ROWS - valid) * 8;  // 16-byte chunks
+  for (int c = tid; c < panels * per_panel; c += NT) {
+    const int p = c / per_panel, x = c - p * per_panel;
+    const std::uint32_t at = dst + static_cast<std::uint32_t>(p * ROWS * 128 + valid * 128 + x * 16);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0u) : "memory");
+  }
+}
+
 /// mbarriers (shared memory, 8 bytes each) and named barriers for the warp-specialized kernel.
 __device__ __forceinline__ void mbar_init(std::uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -492,6 +508,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
 
   tc::setmaxnreg_inc<NC == 3 ? 160 : 240>();  // (NC · R + 24) · 128 registers fit the SM's 65,536
   const int wr0 = i0 + warp * 16;             // this warp's first query row
+  const int tid = threadIdx.x & 127;          // in the warpgroup
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
@@ -563,9 +580,12 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
       pa[n / 2][(n & 1) * 2 + 1] = cuda16<T>::pack(s[n][2], s[n][3]);
     }
   };
-  // Waits for stage st's tiles and for this warpgroup's turn; issues S = Q·Kᵀ from it.
-  auto issue_s = [&](int st, unsigned use) {
+  // Waits for stage st's tiles (key tile j0) and for this warpgroup's turn; issues S = Q·Kᵀ from it.
+  auto issue_s = [&](int st, unsigned use, int j0) {
     tc::mbar_wait(bar.full(st), use & 1);
+    // V's rows past the pass's keys as 0 (K's are masked in S): every consumer warpgroup writes them before its
+    // own P·V reads them (the same zeros; the turn barrier below orders this warpgroup's threads)
+    if (tma && j_end - j0 < BC) tc::zero_rows_sw128<D, BC, 128>(ks0 + st * stage_bytes + kv_bytes, j_end - j0, tid);
     tc::fence_proxy_async();  // cp.async writes (the generic proxy), seen through the barrier, before wgmma reads
     const std::uint32_t kst = ks0 + st * stage_bytes;
     tc::named_sync(1 + wg, 256);
@@ -602,7 +622,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
     j_end = static_cast<int>(mask.key_end(i0 + rows));
     if (j_begin >= j_end) continue;
     rk = tc::RowKeys(mask, i0, rows, wr0 + g);
-    issue_s(st, use);
+    issue_s(st, use, j_begin);
     hand_over();
     tc::wgmma_wait<0>();
     tc::wgmma_hold(s);
@@ -611,7 +631,7 @@ __global__ void __launch_bounds__(32 * WgmmaWsForwardShape<D, Softcap>::warps, 1
     int prev = st;
     if (++st == ST) st = 0, ++use;
     for (int j0 = j_begin + BC; j0 < j_end; j0 += BC) {
-      issue_s(st, use);
+      issue_s(st, use, j0);
       issue_pv(prev);
       hand_over();
       tc::wgmma_wait<1>();  // S_t; O += P_{t-1}·V_{t-1} may still run
