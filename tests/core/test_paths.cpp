@@ -6,8 +6,10 @@
 
 #include <kfa/detail/cuda/block_order.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -566,6 +568,35 @@ TEST(Paths, DocumentAlignedBlocks) {
             ASSERT_EQ(seen[i], 1) << "row " << i % extent << " size " << size;
         }
       }
+  }
+}
+
+// The document search the blocks take their document from (last_where: eight probes a step) against a linear scan:
+// random bounds with empty documents, every position from before the first to past the last, and the documents a
+// range of positions meets (span_of, which skips the second search when the range ends in its first document).
+TEST(Paths, DocumentSearchMatchesALinearScan) {
+  const std::uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (int count : {1, 2, 8, 9, 10, 80, 81, 82, 700, 5000}) {
+    std::vector<int> cu(1, static_cast<int>(rng() % 3));
+    for (int s = 0; s < count; ++s) cu.push_back(cu.back() + (rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 40)));
+    kfa::detail::KeyMask mask;
+    mask.docs = kfa::detail::Documents{cu.data(), cu.data(), count, 0};
+    auto scan = [&](long x) {  // the last s < count with cu[s] <= x (0 if none)
+      int found = 0;
+      for (int s = 0; s < count; ++s)
+        if (cu[static_cast<std::size_t>(s)] <= x) found = s;
+      return found;
+    };
+    const std::string what = "seed " + std::to_string(seed) + " documents " + std::to_string(count);
+    for (long x = -1; x <= cu.back() + 1; ++x) {
+      ASSERT_EQ(mask.document_of(cu.data(), x), scan(x)) << what << " x " << x;
+      if (x < cu.front() || x >= cu.back()) continue;
+      const long x1 = std::min<long>(cu.back() - 1, x + static_cast<long>(rng() % 60));
+      const kfa::detail::DocumentSpan span = mask.span_of(cu.data(), x, x1);
+      ASSERT_EQ(span.first, scan(x)) << what << " x " << x;
+      ASSERT_EQ(span.last, scan(x1) + 1) << what << " x " << x << " x1 " << x1;
+    }
   }
 }
 

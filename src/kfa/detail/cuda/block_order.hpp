@@ -50,9 +50,10 @@ inline int cuda_sm_count() {
 /// a pass per document it straddles, and a document's last block is its only partial one. Document s's
 /// blocks are the grid's indices [f(s), f(s + 1)) with f(s) = p(s) / size + s, p(s) its first row here
 /// (clamped to [0, extent]): f(s + 1) − f(s), the grid cells its rows touch or one more, is at least the
-/// blocks the document needs, so the kernels find their block from the document bounds alone (a binary search,
-/// no table to build or keep) and the few indices a document does not need are empty blocks (rows ≤ 0) that
-/// return at once: at most one per document, extent / size + documents blocks per pair in all.
+/// blocks the document needs, so the kernels find their block from the document bounds alone (a search, eight
+/// probes a step: last_where; no table to build or keep) and the few indices a document does not need are empty
+/// blocks (rows ≤ 0) that return at once: at most one per document, extent / size + documents blocks per pair in
+/// all.
 struct BlockOrder {
   int blocks = 0;   // blocks per pair
   int pairs = 0;    // (batch, head) pairs
@@ -105,14 +106,7 @@ struct BlockOrder {
       count = (extent_ - first) < block ? (extent_ - first) : block;
       return;
     }
-    int lo = 0, hi = docs - 1;  // the last document s with f(s) <= v
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (start(mid) / size + mid <= v)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    const int lo = last_where(0, docs - 1, [&](int s) { return start(s) / size + s <= v; });  // the last s, f(s) <= v
     const int p = start(lo), end = start(lo + 1);
     first = p + (v - (p / size + lo)) * size;
     count = (end - first) < size ? (end - first) : size;
